@@ -1,0 +1,181 @@
+//! The control plane: peers meet over TCP, exchange a versioned, length-limited hello (runtime
+//! id, provider, endpoint address), insert each other, and keep the socket open as a liveness
+//! signal: when it closes, the peer is lost.
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
+
+use crate::endpoint::Endpoint;
+use crate::error::{Error, OpKind, Result};
+use crate::runtime::Runtime;
+
+const MAGIC: &[u8; 4] = b"RDLN";
+const VERSION: u16 = 1;
+const MAX_FIELD: usize = 1024;
+const READY: u8 = 0x52;
+
+struct Hello {
+    id: u64,
+    provider: String,
+    name: Vec<u8>,
+}
+
+/// Accepts peers on a TCP address.
+#[derive(Debug)]
+pub struct Listener {
+    rt: Runtime,
+    tcp: TcpListener,
+}
+
+impl Listener {
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.tcp.local_addr().map_err(|e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e })
+    }
+
+    /// Wait for the next peer and complete the handshake with it. A peer that fails the
+    /// handshake yields an error; the listener stays usable.
+    pub async fn accept(&self) -> Result<Endpoint> {
+        let (stream, addr) = self
+            .tcp
+            .accept()
+            .await
+            .map_err(|e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e })?;
+        let limit = self.rt.connect_timeout();
+        with_timeout(OpKind::Accept, &addr.to_string(), limit, handshake(&self.rt, stream, addr, OpKind::Accept))
+            .await
+    }
+}
+
+impl Runtime {
+    /// Listen for peers on `addr` (`"127.0.0.1:0"` picks a port).
+    pub async fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
+        let tcp = TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e })?;
+        Ok(Listener { rt: self.clone(), tcp })
+    }
+
+    /// Connect to a listening peer; fails within the connect timeout when nobody answers.
+    pub async fn connect(&self, addr: impl ToSocketAddrs + std::fmt::Display) -> Result<Endpoint> {
+        let label = addr.to_string();
+        let limit = self.connect_timeout();
+        with_timeout(OpKind::Connect, &label, limit, async {
+            let stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| Error::Io { op: OpKind::Connect, peer: label.clone(), source: e })?;
+            let peer = stream.peer_addr().map_err(|e| Error::Io { op: OpKind::Connect, peer: label.clone(), source: e })?;
+            handshake(self, stream, peer, OpKind::Connect).await
+        })
+        .await
+    }
+}
+
+async fn with_timeout<T>(op: OpKind, peer: &str, limit: Duration, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout { op, peer: peer.to_string(), after_ms: limit.as_millis() as u64 }),
+    }
+}
+
+fn encode(h: &Hello) -> Vec<u8> {
+    let mut out = Vec::with_capacity(20 + h.provider.len() + h.name.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&h.id.to_le_bytes());
+    out.extend_from_slice(&(h.provider.len() as u16).to_le_bytes());
+    out.extend_from_slice(h.provider.as_bytes());
+    out.extend_from_slice(&(h.name.len() as u16).to_le_bytes());
+    out.extend_from_slice(&h.name);
+    out
+}
+
+/// Read one hello, refusing anything malformed before allocating more than `MAX_FIELD`.
+async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
+    let mut head = [0u8; 14];
+    s.read_exact(&mut head).await.map_err(|e| format!("reading hello: {e}"))?;
+    if &head[0..4] != MAGIC {
+        return Err("not an rdmalane peer (bad magic)".into());
+    }
+    let version = u16::from_le_bytes([head[4], head[5]]);
+    if version != VERSION {
+        return Err(format!("protocol version {version}, this build speaks {VERSION}"));
+    }
+    let id = u64::from_le_bytes(head[6..14].try_into().expect("8 bytes"));
+    let provider = read_field(s, 64).await?;
+    let provider = String::from_utf8(provider).map_err(|_| "provider name is not UTF-8".to_string())?;
+    let name = read_field(s, MAX_FIELD).await?;
+    Ok(Hello { id, provider, name })
+}
+
+async fn read_field(s: &mut TcpStream, max: usize) -> std::result::Result<Vec<u8>, String> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).await.map_err(|e| format!("reading hello: {e}"))?;
+    let len = u16::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(format!("field of {len} bytes exceeds the limit of {max}"));
+    }
+    let mut v = vec![0u8; len];
+    s.read_exact(&mut v).await.map_err(|e| format!("reading hello: {e}"))?;
+    Ok(v)
+}
+
+async fn handshake(rt: &Runtime, mut s: TcpStream, addr: SocketAddr, op: OpKind) -> Result<Endpoint> {
+    let peer = addr.to_string();
+    let fail = |reason: String| Error::Handshake { op, peer: peer.clone(), reason };
+    let _ = s.set_nodelay(true);
+    let me = Hello { id: rt.id(), provider: rt.provider().to_string(), name: rt.local_name() };
+    s.write_all(&encode(&me)).await.map_err(|e| fail(format!("sending hello: {e}")))?;
+    let them = read_hello(&mut s).await.map_err(&fail)?;
+    if them.provider != me.provider {
+        return Err(fail(format!("peer uses provider {:?}, this runtime {:?}", them.provider, me.provider)));
+    }
+    if them.id == me.id {
+        return Err(fail("peer has this runtime's id (connected to itself?)".into()));
+    }
+    let label = format!("{addr}#{:x}", them.id);
+    let slot = rt.add_peer(them.name, label.clone())?;
+    // Both sides must know each other before the first message, or a directed receive could
+    // miss a message from a not-yet-inserted address.
+    let sync = async {
+        s.write_all(&[READY]).await?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await?;
+        Ok::<u8, std::io::Error>(b[0])
+    };
+    match sync.await {
+        Ok(READY) => {}
+        Ok(b) => {
+            rt.remove_peer(slot);
+            return Err(fail(format!("unexpected byte {b:#x} instead of ready")));
+        }
+        Err(e) => {
+            rt.remove_peer(slot);
+            return Err(fail(format!("waiting for ready: {e}")));
+        }
+    }
+    let watch = watch_peer(rt.clone(), slot, s);
+    Ok(Endpoint::new(rt.clone(), slot, them.id, label, Some(watch)))
+}
+
+/// The control socket stays open for the endpoint's life; EOF or an error means the peer is
+/// gone.
+fn watch_peer(rt: Runtime, slot: usize, mut s: TcpStream) -> tokio::task::JoinHandle<()> {
+    let weak = rt.downgrade();
+    drop(rt);
+    tokio::spawn(async move {
+        let mut b = [0u8; 64];
+        let reason = loop {
+            match s.read(&mut b).await {
+                Ok(0) => break "control connection closed".to_string(),
+                Ok(_) => continue,
+                Err(e) => break format!("control connection: {e}"),
+            }
+        };
+        if let Some(rt) = weak.upgrade() {
+            rt.peer_lost(slot, reason);
+        }
+    })
+}

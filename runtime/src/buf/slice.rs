@@ -1,0 +1,79 @@
+use std::ops::{Bound, Deref, DerefMut, RangeBounds};
+
+use super::{IoBuf, IoBufMut};
+use crate::error::{Error, OpKind, Result};
+use crate::transport::LocalSeg;
+
+/// A sub-range of a buffer, used as a buffer of its own (`buf.slice(64..128)`).
+#[derive(Debug)]
+pub struct Slice<B> {
+    buf: B,
+    start: usize,
+    end: usize,
+}
+
+impl<B: IoBuf> Slice<B> {
+    pub(crate) fn new(buf: B, range: impl RangeBounds<usize>) -> Result<Slice<B>> {
+        let len = buf.bytes_len();
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => len,
+        };
+        if start > end || end > len {
+            return Err(Error::invalid(
+                OpKind::Register,
+                format!("slice {start}..{end} of a {len}-byte buffer"),
+            ));
+        }
+        Ok(Slice { buf, start, end })
+    }
+
+    /// The whole buffer back.
+    pub fn into_inner(self) -> B {
+        self.buf
+    }
+
+    /// Start offset in the underlying buffer.
+    pub fn begin(&self) -> usize {
+        self.start
+    }
+
+    /// End offset (exclusive) in the underlying buffer.
+    pub fn end(&self) -> usize {
+        self.end
+    }
+}
+
+// SAFETY: a sub-range of memory that `B` keeps valid and registered.
+unsafe impl<B: IoBuf> IoBuf for Slice<B> {
+    fn seg(&self) -> LocalSeg {
+        let s = self.buf.seg();
+        // wrapping_add: in bounds by construction, and no dereference happens here.
+        LocalSeg { ptr: s.ptr.wrapping_add(self.start), len: self.end - self.start, desc: s.desc }
+    }
+    fn runtime_id(&self) -> u64 {
+        self.buf.runtime_id()
+    }
+}
+
+// SAFETY: exclusive because `B` is.
+unsafe impl<B: IoBufMut> IoBufMut for Slice<B> {}
+
+impl<B: IoBuf + Deref<Target = [u8]>> Deref for Slice<B> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+}
+
+impl<B: IoBuf + DerefMut<Target = [u8]>> DerefMut for Slice<B> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.end]
+    }
+}

@@ -1,0 +1,167 @@
+//! A connection to one peer and the operations on it.
+use std::fmt;
+
+use crate::buf::{IoBuf, IoBufMut};
+use crate::error::{Error, OpKind};
+use crate::op::{len_of, Op, OpCell};
+use crate::reactor::cmd::OpReq;
+use crate::remote::RemoteBuf;
+use crate::runtime::Runtime;
+use crate::transport::WrKind;
+
+/// A peer this runtime can exchange data with. Every operation takes its buffer by value and
+/// gives it back with the result: `let (res, buf) = ep.write_remote(buf, &remote).await;`.
+/// Dropping the endpoint closes the control connection; the peer sees it as lost.
+pub struct Endpoint {
+    rt: Runtime,
+    slot: usize,
+    peer_id: u64,
+    label: String,
+    _watch: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint").field("peer", &self.label).finish()
+    }
+}
+
+impl Endpoint {
+    pub(crate) fn new(
+        rt: Runtime,
+        slot: usize,
+        peer_id: u64,
+        label: String,
+        watch: Option<tokio::task::JoinHandle<()>>,
+    ) -> Endpoint {
+        Endpoint { rt, slot, peer_id, label, _watch: watch }
+    }
+
+    /// The peer runtime's id (descriptors it exposes carry it).
+    pub fn peer_id(&self) -> u64 {
+        self.peer_id
+    }
+
+    /// The peer as `addr#id`, as errors name it.
+    pub fn peer(&self) -> &str {
+        &self.label
+    }
+
+    /// The runtime this endpoint belongs to.
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    /// Write all of `buf` to the start of `remote` (one-sided). Completes when the bytes are at
+    /// the target.
+    pub fn write_remote<B: IoBuf>(&self, buf: B, remote: &RemoteBuf) -> Op<B> {
+        self.one_sided(OpKind::Write, buf, remote, None)
+    }
+
+    /// Like [`write_remote`](Self::write_remote), and the peer gets `imm` as an event
+    /// (`Runtime::next_imm`) once the bytes are there. Nothing orders it against other writes.
+    pub fn write_with_imm<B: IoBuf>(&self, buf: B, remote: &RemoteBuf, imm: u64) -> Op<B> {
+        self.one_sided(OpKind::WriteImm, buf, remote, Some(imm))
+    }
+
+    /// Read `buf.len()` bytes from the start of `remote` into `buf` (one-sided).
+    pub fn read_remote<B: IoBufMut>(&self, buf: B, remote: &RemoteBuf) -> Op<B> {
+        self.one_sided(OpKind::Read, buf, remote, None)
+    }
+
+    /// Send `buf` as one message; the peer's `recv` gets it.
+    pub fn send<B: IoBuf>(&self, buf: B) -> Op<B> {
+        self.two_sided(OpKind::Send, buf, WrKind::Send { imm: None })
+    }
+
+    /// Receive one message from this peer into `buf`; resolves to its length. A message longer
+    /// than `buf` fails the receive.
+    pub fn recv<B: IoBufMut>(&self, buf: B) -> Op<B> {
+        self.two_sided(OpKind::Recv, buf, WrKind::Recv)
+    }
+
+    fn check_local<B: IoBuf>(&self, op: OpKind, buf: &B) -> Result<(), Error> {
+        if buf.runtime_id() != self.rt.id() {
+            return Err(Error::invalid(op, "buffer is registered with another runtime"));
+        }
+        let len = buf.bytes_len();
+        let max = self.rt.caps().max_msg_size;
+        if len > max {
+            return Err(Error::invalid(
+                op,
+                format!("{len} bytes exceed the provider's largest message ({max} bytes)"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn one_sided<B: IoBuf>(&self, op: OpKind, buf: B, remote: &RemoteBuf, imm: Option<u64>) -> Op<B> {
+        let len = buf.bytes_len() as u64;
+        let check = self
+            .check_local(op, &buf)
+            .and_then(|_| remote.check(op, 0, len))
+            .and_then(|_| self.check_remote(op, remote))
+            .and_then(|_| self.check_imm(op, imm));
+        if let Err(e) = check {
+            return Op::failed(e, buf, len_of);
+        }
+        let (remote_addr, key) = (remote.addr(), remote.key());
+        let kind = match op {
+            OpKind::Read => WrKind::Read { remote_addr, key },
+            _ => WrKind::Write { remote_addr, key, imm },
+        };
+        self.submit(op, buf, kind)
+    }
+
+    fn check_remote(&self, op: OpKind, remote: &RemoteBuf) -> Result<(), Error> {
+        if remote.owner() != self.peer_id {
+            return Err(Error::invalid(
+                op,
+                format!("descriptor belongs to runtime {:x}, not to peer {}", remote.owner(), self.label),
+            ));
+        }
+        let allowed = match op {
+            OpKind::Read => remote.access().remote_read,
+            _ => remote.access().remote_write,
+        };
+        if !allowed {
+            return Err(Error::invalid(op, format!("the peer did not expose this region for {op}")));
+        }
+        Ok(())
+    }
+
+    fn check_imm(&self, op: OpKind, imm: Option<u64>) -> Result<(), Error> {
+        let Some(v) = imm else { return Ok(()) };
+        let bytes = self.rt.caps().cq_data_size.min(8);
+        if bytes == 0 || (bytes < 8 && v >> (8 * bytes) != 0) {
+            return Err(Error::invalid(
+                op,
+                format!("immediate {v:#x} does not fit the provider's {bytes}-byte immediate data"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn two_sided<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
+        if let Err(e) = self.check_local(op, &buf) {
+            return Op::failed(e, buf, len_of);
+        }
+        self.submit(op, buf, kind)
+    }
+
+    fn submit<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
+        let seg = buf.seg();
+        let cell = OpCell::new(buf);
+        self.rt.submit(OpReq { peer: self.slot, op, kind, seg, cell: cell.clone() });
+        Op::pending(cell, len_of)
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if let Some(w) = self._watch.take() {
+            w.abort();
+        }
+        self.rt.remove_peer(self.slot);
+    }
+}

@@ -1,0 +1,231 @@
+//! The one error type every rdmalane operation returns.
+use std::fmt;
+use std::io;
+
+/// Which operation an error belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// One-sided RDMA write.
+    Write,
+    /// One-sided RDMA write carrying an immediate value.
+    WriteImm,
+    /// One-sided RDMA read.
+    Read,
+    /// Two-sided send.
+    Send,
+    /// Two-sided receive.
+    Recv,
+    /// Memory registration.
+    Register,
+    /// Exposing a region to peers, or revoking it.
+    Expose,
+    /// Opening the transport.
+    Open,
+    /// Establishing a connection (handshake).
+    Connect,
+    /// Accepting a connection.
+    Accept,
+    /// Waiting for immediate-data events.
+    Imm,
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            OpKind::Write => "write_remote",
+            OpKind::WriteImm => "write_with_imm",
+            OpKind::Read => "read_remote",
+            OpKind::Send => "send",
+            OpKind::Recv => "recv",
+            OpKind::Register => "register",
+            OpKind::Expose => "expose",
+            OpKind::Open => "open",
+            OpKind::Connect => "connect",
+            OpKind::Accept => "accept",
+            OpKind::Imm => "imm",
+        };
+        f.write_str(s)
+    }
+}
+
+/// How a transport failure should be read by the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureClass {
+    /// The peer refused the access (bad key, out of range, no permission).
+    RemoteAccess,
+    /// The peer cannot be reached any more (connection reset, process gone).
+    PeerUnreachable,
+    /// The operation was cancelled by the provider (flushed).
+    Cancelled,
+    /// A message did not fit the receive buffer posted for it.
+    Truncated,
+    /// Anything else the provider reported.
+    Other,
+}
+
+/// A failure as the transport (provider) reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportError {
+    /// Provider name, e.g. `tcp;ofi_rxm`.
+    pub provider: String,
+    /// The provider's errno (positive), 0 when not applicable.
+    pub errno: i32,
+    /// The provider's text for it (`fi_strerror` / `fi_cq_strerror`).
+    pub text: String,
+    /// How to read it.
+    pub class: FailureClass,
+}
+
+impl std::error::Error for TransportError {}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} reported: {} (errno {})", self.provider, self.text, self.errno)
+    }
+}
+
+/// Every error an rdmalane call can return. Each variant names the operation and, where there
+/// is one, the peer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The provider failed the operation.
+    #[error("{op} with peer {peer}: {source}")]
+    Transport {
+        /// The operation.
+        op: OpKind,
+        /// The peer, as `addr#runtime-id`, or `-` when there is none.
+        peer: String,
+        /// What the provider said.
+        source: TransportError,
+    },
+    /// The peer refused a one-sided access: bad key, revoked region, outside what it exposed.
+    #[error("{op} with peer {peer}: remote access refused: {source}")]
+    RemoteAccess {
+        /// The operation.
+        op: OpKind,
+        /// The peer.
+        peer: String,
+        /// What the provider said.
+        source: TransportError,
+    },
+    /// The peer went away (process exited, connection lost) while the op was pending.
+    #[error("{op} with peer {peer}: peer lost ({reason})")]
+    PeerLost {
+        /// The operation.
+        op: OpKind,
+        /// The peer.
+        peer: String,
+        /// How the loss was noticed.
+        reason: String,
+    },
+    /// The requested provider is not available on this machine.
+    #[error("libfabric provider {requested:?} is not available; fi_getinfo found: [{found}]")]
+    ProviderUnavailable {
+        /// What was asked for.
+        requested: String,
+        /// The providers fi_getinfo did report.
+        found: String,
+    },
+    /// A remote range outside the descriptor; refused before anything was posted.
+    #[error("{op}: range {offset}..{end} is outside the remote buffer of {len} bytes", end = offset.saturating_add(*want))]
+    OutOfBounds {
+        /// The operation.
+        op: OpKind,
+        /// Start of the requested range.
+        offset: u64,
+        /// Its length.
+        want: u64,
+        /// The descriptor's length.
+        len: u64,
+    },
+    /// An argument that cannot be right; nothing was posted.
+    #[error("{op}: invalid argument: {reason}")]
+    InvalidArgument {
+        /// The operation.
+        op: OpKind,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The peer did not answer in time.
+    #[error("{op} with {peer}: timed out after {after_ms} ms")]
+    Timeout {
+        /// The operation.
+        op: OpKind,
+        /// The peer address.
+        peer: String,
+        /// The limit that passed.
+        after_ms: u64,
+    },
+    /// The control-plane handshake failed.
+    #[error("{op} with {peer}: handshake failed: {reason}")]
+    Handshake {
+        /// Connect or accept.
+        op: OpKind,
+        /// The peer address.
+        peer: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A socket error on the control plane.
+    #[error("{op} with {peer}: {source}")]
+    Io {
+        /// The operation.
+        op: OpKind,
+        /// The peer address.
+        peer: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The runtime shut down before the operation completed.
+    #[error("{op}: runtime shut down")]
+    Shutdown {
+        /// The operation.
+        op: OpKind,
+    },
+}
+
+impl Error {
+    /// The operation this error belongs to.
+    pub fn op(&self) -> OpKind {
+        match self {
+            Error::Transport { op, .. }
+            | Error::RemoteAccess { op, .. }
+            | Error::PeerLost { op, .. }
+            | Error::OutOfBounds { op, .. }
+            | Error::InvalidArgument { op, .. }
+            | Error::Timeout { op, .. }
+            | Error::Handshake { op, .. }
+            | Error::Io { op, .. }
+            | Error::Shutdown { op } => *op,
+            Error::ProviderUnavailable { .. } => OpKind::Open,
+        }
+    }
+
+    /// True for errors that mean the peer is gone.
+    pub fn is_peer_lost(&self) -> bool {
+        matches!(self, Error::PeerLost { .. })
+    }
+
+    pub(crate) fn from_transport(op: OpKind, peer: &str, e: TransportError) -> Error {
+        match e.class {
+            FailureClass::RemoteAccess => Error::RemoteAccess { op, peer: peer.to_string(), source: e },
+            FailureClass::PeerUnreachable => Error::PeerLost {
+                op,
+                peer: peer.to_string(),
+                reason: e.to_string(),
+            },
+            _ => Error::Transport { op, peer: peer.to_string(), source: e },
+        }
+    }
+
+    pub(crate) fn invalid(op: OpKind, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument { op, reason: reason.into() }
+    }
+}
+
+/// Result alias for rdmalane.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What every buffer-taking operation returns: the result and the buffer, whatever happened.
+pub type BufResult<T, B> = (Result<T>, B);

@@ -1,0 +1,113 @@
+//! The op lifecycle (tokio-uring's, across threads): a cell shared by the future and the
+//! reactor. The cell holds the buffer; whoever drops the cell last frees it. If the future is
+//! dropped first, the reactor's reference keeps the buffer alive until the completion arrives
+//! (io_uring's "Ignored" state); if the op was never posted, the reactor sees it is the only
+//! holder and withdraws it.
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use crate::error::{BufResult, Error};
+
+/// What a finished op reports besides its buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Done {
+    pub len: usize,
+    pub imm: Option<u64>,
+}
+
+/// The reactor's view of an op cell.
+pub(crate) trait Complete: Send + Sync {
+    fn complete(&self, res: Result<Done, Error>);
+}
+
+struct State<B> {
+    waker: Option<Waker>,
+    result: Option<Result<Done, Error>>,
+    buf: Option<B>,
+}
+
+pub(crate) struct OpCell<B> {
+    state: Mutex<State<B>>,
+}
+
+impl<B: Send> OpCell<B> {
+    pub(crate) fn new(buf: B) -> Arc<OpCell<B>> {
+        Arc::new(OpCell { state: Mutex::new(State { waker: None, result: None, buf: Some(buf) }) })
+    }
+}
+
+impl<B: Send> Complete for OpCell<B> {
+    fn complete(&self, res: Result<Done, Error>) {
+        let waker = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            s.result = Some(res);
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+enum Inner<B> {
+    Ready(Option<(Result<Done, Error>, B)>),
+    Pending(Arc<OpCell<B>>),
+}
+
+/// An operation in flight. Resolves to the result and the buffer; dropping it at any point is
+/// safe (see the module docs of [`crate::buf`]).
+#[must_use = "an op does nothing useful unless awaited (dropping it cancels what is not posted)"]
+pub struct Op<B, T = usize> {
+    inner: Inner<B>,
+    map: fn(Done) -> T,
+}
+
+// The buffer is never pinned: it moves in and out by value.
+impl<B, T> Unpin for Op<B, T> {}
+
+pub(crate) fn len_of(d: Done) -> usize {
+    d.len
+}
+
+impl<B: Send, T> Op<B, T> {
+    pub(crate) fn pending(cell: Arc<OpCell<B>>, map: fn(Done) -> T) -> Op<B, T> {
+        Op { inner: Inner::Pending(cell), map }
+    }
+
+    pub(crate) fn failed(err: Error, buf: B, map: fn(Done) -> T) -> Op<B, T> {
+        Op { inner: Inner::Ready(Some((Err(err), buf))), map }
+    }
+}
+
+impl<B: Send, T> Future for Op<B, T> {
+    type Output = BufResult<T, B>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let map = this.map;
+        match &mut this.inner {
+            Inner::Ready(r) => {
+                let (res, buf) = r.take().expect("Op polled after completion");
+                Poll::Ready((res.map(map), buf))
+            }
+            Inner::Pending(cell) => {
+                let mut s = cell.state.lock().unwrap_or_else(|p| p.into_inner());
+                match s.result.take() {
+                    Some(res) => {
+                        let buf = s.buf.take().expect("Op polled after completion");
+                        Poll::Ready((res.map(map), buf))
+                    }
+                    None => {
+                        match &mut s.waker {
+                            Some(w) if w.will_wake(cx.waker()) => {}
+                            w => *w = Some(cx.waker().clone()),
+                        }
+                        Poll::Pending
+                    }
+                }
+            }
+        }
+    }
+}

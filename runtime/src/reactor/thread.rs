@@ -1,0 +1,71 @@
+//! The dedicated reactor thread: pinned to a core, busy-polls while ops are in flight, spins a
+//! little when idle, then sleeps on the transport's wait object (or short timed naps where the
+//! provider has none) until a submitter or the NIC wakes it.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::Reactor;
+
+/// Flags the submitters and the reactor thread share.
+#[derive(Default)]
+pub(crate) struct Idle {
+    /// The reactor is (about to be) asleep: a submitter must notify.
+    pub sleeping: AtomicBool,
+    /// Stop after draining.
+    pub shutdown: AtomicBool,
+}
+
+/// How the thread idles.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IdlePolicy {
+    /// Busy-spin this long after the last work before sleeping.
+    pub spin: Duration,
+    /// The longest single sleep (bounds the latency of noticing work on providers without a
+    /// wait object).
+    pub max_sleep: Duration,
+}
+
+pub(crate) fn spawn(
+    mut reactor: Reactor,
+    core: Option<usize>,
+    idle: Arc<Idle>,
+    policy: IdlePolicy,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new().name("rdmalane-reactor".into()).spawn(move || {
+        if let Some(core) = core {
+            if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                tracing::debug!(core, "reactor pinned");
+            } else {
+                tracing::warn!(core, "could not pin the reactor thread");
+            }
+        }
+        let mut last_work = Instant::now();
+        loop {
+            if reactor.turn() || reactor.busy() {
+                last_work = Instant::now();
+                continue;
+            }
+            if idle.shutdown.load(Ordering::Acquire) || reactor.orphaned() {
+                break;
+            }
+            if last_work.elapsed() < policy.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Announce the sleep, then look once more: a submitter either sees the flag and
+            // notifies, or its command is already in the queue for this turn.
+            idle.sleeping.store(true, Ordering::SeqCst);
+            if !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
+                reactor.transport_mut().wait(policy.max_sleep);
+            }
+            idle.sleeping.store(false, Ordering::SeqCst);
+            // Check again right away, but start the spin window only when something happened.
+            if reactor.turn() {
+                last_work = Instant::now();
+            }
+        }
+        reactor.shutdown(Duration::from_secs(2));
+    })
+}

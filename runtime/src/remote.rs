@@ -1,0 +1,151 @@
+//! Descriptors of memory a peer exposed: what a one-sided op names as its target.
+use std::ops::{Bound, RangeBounds};
+
+use crate::error::{Error, OpKind, Result};
+use crate::transport::Access;
+
+const MAGIC: [u8; 4] = *b"RLRB";
+const VERSION: u8 = 1;
+
+/// A peer's exposed memory: owner runtime, remote address, length, key and the access granted.
+/// Serializable with [`to_bytes`](Self::to_bytes); sub-ranges by [`slice`](Self::slice), which
+/// refuses anything outside the original.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteBuf {
+    owner: u64,
+    addr: u64,
+    len: u64,
+    key: u64,
+    access: Access,
+}
+
+impl RemoteBuf {
+    /// The encoded size of a descriptor.
+    pub const ENCODED_LEN: usize = 4 + 1 + 1 + 2 + 8 * 4;
+
+    pub(crate) fn new(owner: u64, addr: u64, len: u64, key: u64, access: Access) -> RemoteBuf {
+        RemoteBuf { owner, addr, len, key, access }
+    }
+
+    /// The id of the runtime that exposed the memory.
+    pub fn owner(&self) -> u64 {
+        self.owner
+    }
+    /// Remote address of the first byte, as the provider addresses it.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The remote key.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+    /// The access the owner granted.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// A sub-range; `Err(OutOfBounds)` when it does not fit.
+    pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<RemoteBuf> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.len,
+        };
+        if start > end || end > self.len {
+            return Err(Error::OutOfBounds {
+                op: OpKind::Write,
+                offset: start,
+                want: end.saturating_sub(start),
+                len: self.len,
+            });
+        }
+        Ok(RemoteBuf { addr: self.addr + start, len: end - start, ..*self })
+    }
+
+    /// Check that `want` bytes at `offset` fit, for `op`.
+    pub(crate) fn check(&self, op: OpKind, offset: u64, want: u64) -> Result<()> {
+        if offset.checked_add(want).is_none_or(|end| end > self.len) {
+            return Err(Error::OutOfBounds { op, offset, want, len: self.len });
+        }
+        Ok(())
+    }
+
+    /// Encode for the wire.
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[0..4].copy_from_slice(&MAGIC);
+        out[4] = VERSION;
+        out[5] = u8::from(self.access.remote_read) | (u8::from(self.access.remote_write) << 1);
+        // out[6..8]: reserved (rail count in later versions).
+        for (i, v) in [self.owner, self.addr, self.len, self.key].iter().enumerate() {
+            out[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+
+    /// Decode from the wire; refuses wrong lengths, magic, versions and flags.
+    pub fn from_bytes(b: &[u8]) -> Result<RemoteBuf> {
+        let bad = |why: &str| Error::invalid(OpKind::Expose, format!("remote descriptor: {why}"));
+        if b.len() != Self::ENCODED_LEN {
+            return Err(bad(&format!("{} bytes, expected {}", b.len(), Self::ENCODED_LEN)));
+        }
+        if b[0..4] != MAGIC {
+            return Err(bad("bad magic"));
+        }
+        if b[4] != VERSION {
+            return Err(bad(&format!("version {} (this build reads {VERSION})", b[4])));
+        }
+        if b[5] & !0b11 != 0 || b[6] != 0 || b[7] != 0 {
+            return Err(bad("unknown flags"));
+        }
+        let word = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"));
+        let access = Access { remote_read: b[5] & 1 != 0, remote_write: b[5] & 2 != 0 };
+        let (owner, addr, len, key) = (word(0), word(1), word(2), word(3));
+        if addr.checked_add(len).is_none() {
+            return Err(bad("range wraps around the address space"));
+        }
+        Ok(RemoteBuf { owner, addr, len, key, access })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn round_trip(owner: u64, addr in 0u64..1 << 48, len in 0u64..1 << 40, key: u64, r: bool, w: bool) {
+            let d = RemoteBuf::new(owner, addr, len, key, Access { remote_read: r, remote_write: w });
+            prop_assert_eq!(RemoteBuf::from_bytes(&d.to_bytes()).unwrap(), d);
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = RemoteBuf::from_bytes(&bytes);
+        }
+
+        #[test]
+        fn slice_stays_inside(len in 0u64..1 << 20, a in 0u64..1 << 21, b in 0u64..1 << 21) {
+            let d = RemoteBuf::new(1, 4096, len, 7, Access::WRITE);
+            match d.slice(a..b) {
+                Ok(s) => prop_assert!(a <= b && b <= len && s.addr() == 4096 + a && s.len() == b - a),
+                Err(Error::OutOfBounds { .. }) => prop_assert!(a > b || b > len),
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+        }
+    }
+}

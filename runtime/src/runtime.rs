@@ -1,0 +1,370 @@
+//! The runtime handle and its builder.
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+use crate::buf::{ExposedBuf, IoBuf, RegisteredBuf};
+use crate::error::{Error, OpKind, Result, TransportError};
+use crate::imm::{ImmEvent, ImmQueue, NextImm};
+use crate::reactor::cmd::{Cmd, OpReq};
+use crate::reactor::thread::{self, Idle, IdlePolicy};
+use crate::reactor::Reactor;
+use crate::transport::{Access, Backend, Caps, MemoryRegion, Notify, TransportConfig};
+
+/// Who drives the reactor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Driver {
+    /// A dedicated thread, pinned to a core when one is configured. Ops may come from any
+    /// thread or executor.
+    #[default]
+    Thread,
+    /// No thread: the caller of [`Runtime::block_on`] drives the reactor between polls of its
+    /// future (run-to-completion, one core for app and NIC). Nothing progresses outside
+    /// `block_on`.
+    Inline,
+}
+
+/// Configures and builds a [`Runtime`]. Environment variables override nothing set here
+/// explicitly; they fill in what is left unset: `RDMALANE_PROVIDER`, `RDMALANE_NODE`,
+/// `RDMALANE_CORE`.
+pub struct Builder {
+    backend: Option<Arc<dyn Backend>>,
+    config: TransportConfig,
+    core: Option<usize>,
+    driver: Driver,
+    idle: IdlePolicy,
+    connect_timeout: Duration,
+    peer_grace: Duration,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            backend: None,
+            config: TransportConfig::default(),
+            core: None,
+            driver: Driver::Thread,
+            idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(2) },
+            connect_timeout: Duration::from_secs(5),
+            peer_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Builder {
+    /// The backend that opens the transport (e.g. `rdmalane_efa::Libfabric`).
+    pub fn backend(mut self, backend: impl Backend + 'static) -> Self {
+        self.backend = Some(Arc::new(backend));
+        self
+    }
+
+    /// Provider or device by name (`efa`, `shm`, `tcp`, `tcp;ofi_rxm`, ...). Unset: the
+    /// backend's preference, logged.
+    pub fn provider(mut self, name: impl Into<String>) -> Self {
+        self.config.provider = Some(name.into());
+        self
+    }
+
+    /// Local address to bind the fabric endpoint to (tcp needs one that peers can reach).
+    pub fn node(mut self, node: impl Into<String>) -> Self {
+        self.config.node = Some(node.into());
+        self
+    }
+
+    /// Pin the reactor thread to this core.
+    pub fn core(mut self, core: usize) -> Self {
+        self.core = Some(core);
+        self
+    }
+
+    /// Who drives the reactor.
+    pub fn driver(mut self, driver: Driver) -> Self {
+        self.driver = driver;
+        self
+    }
+
+    /// How long an idle reactor thread busy-spins before it sleeps.
+    pub fn idle_spin(mut self, spin: Duration) -> Self {
+        self.idle.spin = spin;
+        self
+    }
+
+    /// Limit for establishing a connection (TCP connect plus handshake).
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// How long a lost peer's posted ops may take to fail on their own before the peer is
+    /// removed from the address vector to flush them.
+    pub fn peer_loss_grace(mut self, t: Duration) -> Self {
+        self.peer_grace = t;
+        self
+    }
+
+    /// Open the transport and start the reactor.
+    pub fn build(self) -> Result<Runtime> {
+        let backend = self.backend.ok_or_else(|| {
+            Error::invalid(OpKind::Open, "no backend: call .backend(rdmalane_efa::Libfabric::default())")
+        })?;
+        let mut config = self.config;
+        if config.provider.is_none() {
+            config.provider = std::env::var("RDMALANE_PROVIDER").ok().filter(|s| !s.is_empty());
+        }
+        if config.node.is_none() {
+            config.node = std::env::var("RDMALANE_NODE").ok().filter(|s| !s.is_empty());
+        }
+        let core = self.core.or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
+        let transport = backend.open(&config)?;
+        let caps = transport.caps().clone();
+        let name = transport.local_name();
+        let notifier = transport.notifier();
+        let (tx, rx) = mpsc::channel();
+        let imm = Arc::new(ImmQueue::default());
+        let reactor = Reactor::new(transport, rx, imm.clone(), self.peer_grace);
+        let idle = Arc::new(Idle::default());
+        let (inline, thread) = match self.driver {
+            Driver::Inline => (Some(Mutex::new(reactor)), None),
+            Driver::Thread => {
+                let h = thread::spawn(reactor, core, idle.clone(), self.idle)
+                    .map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?;
+                (None, Some(h))
+            }
+        };
+        let thread_id = thread.as_ref().map(|h| h.thread().id());
+        tracing::info!(provider = %caps.provider, driver = ?self.driver, "rdmalane runtime started");
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                id: rand::random::<u64>() | 1,
+                name,
+                caps,
+                tx,
+                idle,
+                notifier,
+                inline,
+                thread: Mutex::new(thread),
+                thread_id,
+                imm,
+                connect_timeout: self.connect_timeout,
+            }),
+        })
+    }
+}
+
+struct Inner {
+    id: u64,
+    name: Vec<u8>,
+    caps: Caps,
+    tx: Sender<Cmd>,
+    idle: Arc<Idle>,
+    notifier: Arc<dyn Notify>,
+    inline: Option<Mutex<Reactor>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    thread_id: Option<ThreadId>,
+    imm: Arc<ImmQueue>,
+    connect_timeout: Duration,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.idle.shutdown.store(true, Ordering::SeqCst);
+        self.notifier.notify();
+        if let Some(r) = &mut self.inline {
+            r.get_mut().unwrap_or_else(|p| p.into_inner()).shutdown(Duration::from_secs(2));
+        }
+        let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // The last handle can be dropped on the reactor thread itself (a buffer freed by a
+        // completion); then the thread ends on its own.
+        if let Some(h) = h {
+            if Some(std::thread::current().id()) != self.thread_id {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// The rdmalane runtime: a transport, the reactor that drives it, and the peers it talks to.
+/// Cheap to clone; the reactor stops when the last clone (and the last buffer) is gone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("id", &self.inner.id).field("provider", &self.inner.caps.provider).finish()
+    }
+}
+
+impl Runtime {
+    /// Start configuring a runtime.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// This runtime's random id; descriptors it hands out carry it.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// What the transport can do (provider name, limits).
+    pub fn caps(&self) -> &Caps {
+        &self.inner.caps
+    }
+
+    /// The provider in use.
+    pub fn provider(&self) -> &str {
+        &self.inner.caps.provider
+    }
+
+    /// This runtime's fabric address, as peers insert it.
+    pub fn local_name(&self) -> Vec<u8> {
+        self.inner.name.clone()
+    }
+
+    /// A handle that does not keep the runtime alive.
+    pub fn downgrade(&self) -> WeakRuntime {
+        WeakRuntime(Arc::downgrade(&self.inner))
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.inner.connect_timeout
+    }
+
+    /// Allocate `len` zeroed bytes of registered memory.
+    pub fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
+        RegisteredBuf::alloc(self, len)
+    }
+
+    /// Let peers reach `buf` with the given access; the result carries the descriptor to hand
+    /// them.
+    pub fn expose<B: IoBuf>(&self, buf: B, access: Access) -> Result<ExposedBuf<B>> {
+        ExposedBuf::new(self, buf, access)
+    }
+
+    /// The next immediate value a peer's `write_with_imm` raised here.
+    pub fn next_imm(&self) -> NextImm {
+        NextImm { q: self.inner.imm.clone() }
+    }
+
+    /// An immediate event if one has arrived.
+    pub fn try_next_imm(&self) -> Option<ImmEvent> {
+        self.inner.imm.try_pop()
+    }
+
+    /// Run a future to completion on this thread. With [`Driver::Inline`] this thread also
+    /// drives the reactor, busy-polling; otherwise it parks until woken.
+    pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
+        let Some(reactor) = &self.inner.inline else {
+            return futures::executor::block_on(fut);
+        };
+        let mut fut = std::pin::pin!(fut);
+        let flag = Arc::new(Flag);
+        let waker = Waker::from(flag);
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                return v;
+            }
+            // Another thread may be driving; then just let it.
+            match reactor.try_lock() {
+                Ok(mut r) => {
+                    r.turn();
+                }
+                Err(_) => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
+        self.inner.tx.send(cmd).map_err(|e| e.0)?;
+        if self.inner.idle.sleeping.load(Ordering::SeqCst) {
+            self.inner.notifier.notify();
+        }
+        Ok(())
+    }
+
+    /// Hand an op to the reactor; on shutdown the op fails at once.
+    pub(crate) fn submit(&self, req: OpReq) {
+        if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
+            req.cell.complete(Err(Error::Shutdown { op: req.op }));
+        }
+    }
+
+    /// Run a control command and wait for its reply.
+    fn call<T>(&self, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        let cmd = make(reply);
+        if self.send(cmd).is_err() {
+            return Err(Error::Shutdown { op });
+        }
+        loop {
+            // The inline driver may be nobody right now: turn the reactor ourselves.
+            if let Some(reactor) = &self.inner.inline {
+                if let Ok(mut r) = reactor.try_lock() {
+                    r.turn();
+                }
+                match rx.try_recv() {
+                    Ok(v) => return Ok(v),
+                    Err(mpsc::TryRecvError::Empty) => continue,
+                    Err(mpsc::TryRecvError::Disconnected) => return Err(Error::Shutdown { op }),
+                }
+            }
+            return rx.recv().map_err(|_| Error::Shutdown { op });
+        }
+    }
+
+    pub(crate) fn register_region(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
+        self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
+            .map_err(|e| Error::from_transport(op, "-", e))
+    }
+
+    /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration.
+    pub(crate) fn release_region(&self, id: u64, keep: Option<Box<dyn std::any::Any + Send>>) {
+        if let Err(Cmd::Deregister { keep, .. }) = self.send(Cmd::Deregister { id, keep, reply: None }) {
+            // The reactor is gone and the transport with it: nothing can reach the memory now.
+            drop(keep);
+        }
+    }
+
+    pub(crate) fn deregister_now(&self, id: u64) -> Result<()> {
+        self.call(OpKind::Expose, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })?
+            .map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e))
+    }
+
+    pub(crate) fn add_peer(&self, name: Vec<u8>, label: String) -> Result<usize> {
+        let peer = label.clone();
+        self.call(OpKind::Connect, |reply| Cmd::AddPeer { name, label, reply })?
+            .map_err(|e| Error::from_transport(OpKind::Connect, &peer, e))
+    }
+
+    pub(crate) fn remove_peer(&self, slot: usize) {
+        let _ = self.send(Cmd::RemovePeer { slot });
+    }
+
+    pub(crate) fn peer_lost(&self, slot: usize, reason: String) {
+        let _ = self.send(Cmd::PeerLost { slot, reason });
+    }
+}
+
+/// A [`Runtime`] handle that does not keep it alive.
+#[derive(Clone, Debug)]
+pub struct WeakRuntime(std::sync::Weak<Inner>);
+
+impl WeakRuntime {
+    /// The runtime, if it still runs.
+    pub fn upgrade(&self) -> Option<Runtime> {
+        self.0.upgrade().map(|inner| Runtime { inner })
+    }
+}
+
+/// The inline driver polls continuously, so its waker needs to do nothing.
+struct Flag;
+impl Wake for Flag {
+    fn wake(self: Arc<Self>) {}
+}

@@ -1,0 +1,236 @@
+//! The narrow interface every backend implements (libfabric in `rdmalane-efa`, verbs in
+//! `rdmalane-verbs`). The reactor is its only caller in the runtime; it owns the transport and
+//! calls it from one thread.
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::TransportError;
+
+/// A peer's address in the transport's address vector.
+pub type PeerAddr = u64;
+
+/// Access a memory registration grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// Peers may read it with one-sided reads.
+    pub remote_read: bool,
+    /// Peers may write it with one-sided writes.
+    pub remote_write: bool,
+}
+
+impl Access {
+    /// Local use only: sends, receives, sources and targets of our own one-sided ops.
+    pub const LOCAL: Access = Access { remote_read: false, remote_write: false };
+    /// Peers may read it.
+    pub const READ: Access = Access { remote_read: true, remote_write: false };
+    /// Peers may write it.
+    pub const WRITE: Access = Access { remote_read: false, remote_write: true };
+    /// Peers may read and write it.
+    pub const READ_WRITE: Access = Access { remote_read: true, remote_write: true };
+
+    /// True when peers get any access.
+    pub fn is_remote(self) -> bool {
+        self.remote_read || self.remote_write
+    }
+}
+
+/// What a transport can do, read once when it opens.
+#[derive(Debug, Clone)]
+pub struct Caps {
+    /// Provider (or device) name, e.g. `tcp;ofi_rxm`, `shm`, `efa`, `rxe0`.
+    pub provider: String,
+    /// Largest single message or RMA the provider accepts.
+    pub max_msg_size: usize,
+    /// Largest payload posted inline (copied at post time).
+    pub inject_size: usize,
+    /// Scatter-gather entries per work request.
+    pub iov_limit: usize,
+    /// Bytes of immediate data a write or send may carry (0: none).
+    pub cq_data_size: usize,
+    /// Work requests the transmit queue holds.
+    pub tx_depth: usize,
+    /// Work requests the receive queue holds.
+    pub rx_depth: usize,
+    /// Whether the transport can sleep on a file descriptor until completions arrive.
+    pub wait_fd: bool,
+}
+
+/// The result of registering memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryRegion {
+    /// Transport-local handle, passed back to `deregister`.
+    pub id: u64,
+    /// The local descriptor to pass with work requests (0 when the provider needs none).
+    pub desc: usize,
+    /// The key a peer uses to reach this region.
+    pub key: u64,
+    /// The remote address of the region's first byte as a peer must name it: the virtual
+    /// address where the provider uses virtual addressing, 0 where it uses offsets.
+    pub remote_base: u64,
+}
+
+/// One piece of local memory in a work request.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalSeg {
+    /// Address of the first byte.
+    pub ptr: *mut u8,
+    /// Length in bytes.
+    pub len: usize,
+    /// The registration's local descriptor.
+    pub desc: usize,
+}
+
+// SAFETY: a LocalSeg is an address, not a reference; who may touch the memory is governed by the
+// op lifecycle (the reactor keeps the owning buffer alive until the completion arrives).
+unsafe impl Send for LocalSeg {}
+
+/// What a work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrKind {
+    /// Write the local segments to `remote_addr` under `key`; `imm` raises an event at the peer.
+    Write {
+        /// Remote address (as [`MemoryRegion::remote_base`] defines it).
+        remote_addr: u64,
+        /// Remote key.
+        key: u64,
+        /// Immediate data delivered to the peer's completion queue.
+        imm: Option<u64>,
+    },
+    /// Read from `remote_addr` into the local segments.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        key: u64,
+    },
+    /// Send the local segments as one message.
+    Send {
+        /// Immediate data delivered with the message.
+        imm: Option<u64>,
+    },
+    /// Receive one message from the peer into the local segments.
+    Recv,
+}
+
+/// One work request for [`Transport::post`].
+#[derive(Debug)]
+pub struct WorkRequest<'a> {
+    /// Returned in the completion.
+    pub id: u64,
+    /// The peer.
+    pub peer: PeerAddr,
+    /// What to do.
+    pub kind: WrKind,
+    /// Local memory (at most `Caps::iov_limit` segments).
+    pub local: &'a [LocalSeg],
+    /// More work requests follow at once: the provider may defer ringing the doorbell.
+    pub more: bool,
+}
+
+/// One completion from [`Transport::poll`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    /// A posted work request finished.
+    Op {
+        /// Its id.
+        id: u64,
+        /// Bytes moved (received length for receives).
+        len: usize,
+        /// Immediate data that came with a received message.
+        imm: Option<u64>,
+        /// Success, or what went wrong.
+        status: Result<(), TransportError>,
+    },
+    /// A peer's write with immediate data landed in our memory.
+    RemoteWrite {
+        /// The immediate value.
+        imm: u64,
+        /// Bytes written, where the provider reports it.
+        len: usize,
+    },
+}
+
+/// What a successful post did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posted {
+    /// The request is with the NIC; its completion will come from `poll`.
+    Queued,
+    /// The payload was copied inline and the request is complete already; no completion will
+    /// come for it (small sends on providers with inject).
+    Completed,
+}
+
+/// Why a post did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostError {
+    /// The queue is full: reap completions and try again.
+    Again,
+    /// The provider refused the work request.
+    Failed(TransportError),
+}
+
+/// Wakes a transport sleeping in [`Transport::wait`], from any thread.
+pub trait Notify: Send + Sync {
+    /// Make the current or next `wait` return promptly.
+    fn notify(&self);
+}
+
+/// A backend: devices or a libfabric domain, one endpoint, its completion queue, its peers.
+pub trait Transport: Send {
+    /// What the transport can do.
+    fn caps(&self) -> &Caps;
+
+    /// This endpoint's address, to be handed to peers.
+    fn local_name(&self) -> Vec<u8>;
+
+    /// Make a peer reachable from its address.
+    fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr, TransportError>;
+
+    /// Forget a peer.
+    fn remove_peer(&mut self, peer: PeerAddr);
+
+    /// Register `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until `deregister(region.id)` has returned.
+    unsafe fn register(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, TransportError>;
+
+    /// Release a registration. Peers can no longer reach the memory once this returns.
+    fn deregister(&mut self, id: u64) -> Result<(), TransportError>;
+
+    /// Post one work request.
+    ///
+    /// # Safety
+    /// Every segment's memory must stay valid (and, for receives and reads, not be accessed by
+    /// anyone else) until `poll` returns the request's completion.
+    unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError>;
+
+    /// Drive progress and append up to `max` completions to `out`; returns how many.
+    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;
+
+    /// Sleep until completions may be ready, a [`Notify`] fires, or `timeout` passes.
+    fn wait(&mut self, timeout: Duration);
+
+    /// A handle that interrupts `wait`.
+    fn notifier(&self) -> Arc<dyn Notify>;
+}
+
+/// Opens transports; a backend crate provides one.
+pub trait Backend: Send + Sync {
+    /// Open a transport for `config`.
+    fn open(&self, config: &TransportConfig) -> crate::Result<Box<dyn Transport>>;
+}
+
+/// What the runtime asks a backend to open.
+#[derive(Debug, Clone, Default)]
+pub struct TransportConfig {
+    /// Provider or device name; `None` lets the backend choose (and log) its preference.
+    pub provider: Option<String>,
+    /// Local address (node) to bind to, where the provider needs one (tcp).
+    pub node: Option<String>,
+}

@@ -1,0 +1,510 @@
+//! One libfabric RDM endpoint with its fabric, domain, address vector and completion queue: the
+//! `Transport` the reactor drives.
+use std::ffi::CStr;
+use std::ptr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdmalane::transport::{
+    Access, Caps, Completion, LocalSeg, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport, WorkRequest,
+    WrKind,
+};
+use rdmalane::{Error, OpKind, Result, TransportError};
+use slab::Slab;
+
+use crate::ffi;
+use crate::info::{self, InfoList};
+use crate::util::{classify, fi_error, terr};
+use crate::wait::EventFd;
+
+/// Completion entries read per `fi_cq_read`.
+const CQ_BATCH: usize = 64;
+/// A registration the provider does not need (local memory where FI_MR_LOCAL is off).
+const NO_MR: u64 = u64::MAX;
+
+/// The per-request context libfabric may use (FI_CONTEXT/FI_CONTEXT2), followed by our id. The
+/// provider hands its address back in the completion.
+#[repr(C)]
+struct Ctx {
+    fi: ffi::fi_context2,
+    id: u64,
+}
+
+/// The libfabric transport: see the crate docs.
+pub struct FabricTransport {
+    // Kept until the fids are closed; freed after them (fields drop after Drop::drop).
+    _info: InfoList,
+    fabric: *mut ffi::fid_fabric,
+    domain: *mut ffi::fid_domain,
+    av: *mut ffi::fid_av,
+    cq: *mut ffi::fid_cq,
+    ep: *mut ffi::fid_ep,
+    caps: Caps,
+    mr_mode: u32,
+    key_mask: u64,
+    delivery_complete: bool,
+    mrs: Slab<*mut ffi::fid_mr>,
+    ctxs: Vec<Box<Ctx>>,
+    cq_fd: Option<i32>,
+    efd: Arc<EventFd>,
+    entries: Vec<ffi::fi_cq_data_entry>,
+}
+
+// SAFETY: the fid pointers are only used by whoever owns the transport, one thread at a time
+// (FI_THREAD_DOMAIN); nothing is shared with other threads except the eventfd, which is Sync.
+unsafe impl Send for FabricTransport {}
+
+fn check(ret: impl Into<i64>, prov: &str, what: &str) -> Result<()> {
+    let ret = ret.into();
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(Error::Transport { op: OpKind::Open, peer: "-".into(), source: terr(prov, ret, what) })
+    }
+}
+
+impl FabricTransport {
+    /// Open `provider` (or the preference list when `None`), binding to `node` where the
+    /// provider needs an address.
+    pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<FabricTransport> {
+        let (list, prov) = match provider {
+            Some(p) => info::select(p, node)?,
+            None => {
+                let mut last = None;
+                let mut found = None;
+                for p in info::PREFERENCE {
+                    match info::select(p, node) {
+                        Ok(v) => {
+                            found = Some(v);
+                            break;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                match found {
+                    Some(v) => {
+                        tracing::info!(provider = %v.1, "no provider named: chose by preference efa > shm > tcp");
+                        v
+                    }
+                    None => return Err(last.expect("preference list is not empty")),
+                }
+            }
+        };
+        Self::open_info(list, &prov)
+    }
+
+    fn open_info(list: InfoList, prov: &str) -> Result<FabricTransport> {
+        let info = list.0;
+        let mut t = FabricTransport {
+            _info: list,
+            fabric: ptr::null_mut(),
+            domain: ptr::null_mut(),
+            av: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            ep: ptr::null_mut(),
+            caps: Caps {
+                provider: prov.to_string(),
+                max_msg_size: 0,
+                inject_size: 0,
+                iov_limit: 1,
+                cq_data_size: 0,
+                tx_depth: 0,
+                rx_depth: 0,
+                wait_fd: false,
+            },
+            mr_mode: 0,
+            key_mask: u64::MAX,
+            delivery_complete: false,
+            mrs: Slab::new(),
+            ctxs: Vec::new(),
+            cq_fd: None,
+            efd: Arc::new(EventFd::new().map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?),
+            entries: vec![ffi::fi_cq_data_entry::default(); CQ_BATCH],
+        };
+        // SAFETY: `info` is the first entry of a list fi_getinfo returned, kept alive in
+        // `t.info`; every out-pointer is a field of `t`, closed in Drop in reverse order.
+        unsafe {
+            let i = &*info;
+            let (ep_attr, dom, tx, rx) = (&*i.ep_attr, &*i.domain_attr, &*i.tx_attr, &*i.rx_attr);
+            t.caps.max_msg_size = ep_attr.max_msg_size;
+            t.caps.inject_size = tx.inject_size;
+            t.caps.iov_limit = tx.iov_limit.max(1);
+            t.caps.cq_data_size = dom.cq_data_size;
+            t.caps.tx_depth = tx.size;
+            t.caps.rx_depth = rx.size;
+            t.mr_mode = dom.mr_mode as u32;
+            if dom.mr_key_size > 0 && dom.mr_key_size < 8 {
+                t.key_mask = (1u64 << (8 * dom.mr_key_size)) - 1;
+            }
+            // tcp;ofi_rxm completes plain writes when they leave; only with
+            // FI_DELIVERY_COMPLETE is the data at the target. shm and efa place data first.
+            t.delivery_complete = !(prov == "shm" || prov == "efa");
+
+            check(ffi::fi_fabric(i.fabric_attr, &mut t.fabric, ptr::null_mut()), prov, "fi_fabric")?;
+            check(ffi::fi_domain(t.fabric, info, &mut t.domain, ptr::null_mut()), prov, "fi_domain")?;
+
+            let mut cq_attr = ffi::fi_cq_attr {
+                format: ffi::fi_cq_format_FI_CQ_FORMAT_DATA,
+                wait_obj: ffi::fi_wait_obj_FI_WAIT_FD,
+                size: 0,
+                ..Default::default()
+            };
+            if ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()) == 0 {
+                let mut fd: i32 = -1;
+                let r = ffi::fi_control(&mut (*t.cq).fid, ffi::FI_GETWAIT as i32, &mut fd as *mut i32 as *mut _);
+                if r == 0 && fd >= 0 {
+                    t.cq_fd = Some(fd);
+                }
+            } else {
+                // No wait object here (shm): the reactor backs off with short sleeps instead.
+                t.cq = ptr::null_mut();
+                cq_attr.wait_obj = ffi::fi_wait_obj_FI_WAIT_NONE;
+                check(ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()), prov, "fi_cq_open")?;
+            }
+            t.caps.wait_fd = t.cq_fd.is_some();
+
+            let mut av_attr = ffi::fi_av_attr { type_: ffi::fi_av_type_FI_AV_TABLE, count: 64, ..Default::default() };
+            check(ffi::fi_av_open(t.domain, &mut av_attr, &mut t.av, ptr::null_mut()), prov, "fi_av_open")?;
+            check(ffi::fi_endpoint(t.domain, info, &mut t.ep, ptr::null_mut()), prov, "fi_endpoint")?;
+            check(ffi::fi_ep_bind(t.ep, &mut (*t.av).fid, 0), prov, "fi_ep_bind(av)")?;
+            check(
+                ffi::fi_ep_bind(t.ep, &mut (*t.cq).fid, (ffi::FI_TRANSMIT | ffi::FI_RECV) as u64),
+                prov,
+                "fi_ep_bind(cq)",
+            )?;
+            check(ffi::fi_enable(t.ep), prov, "fi_enable")?;
+        }
+        tracing::info!(
+            provider = %prov,
+            mr_mode = format!("{:#x}", t.mr_mode),
+            max_msg = t.caps.max_msg_size,
+            inject = t.caps.inject_size,
+            wait_fd = t.caps.wait_fd,
+            "libfabric endpoint open"
+        );
+        Ok(t)
+    }
+
+    fn err(&self, ret: impl Into<i64>, what: &str) -> TransportError {
+        terr(&self.caps.provider, ret, what)
+    }
+
+    fn ctx(&mut self, id: u64) -> *mut std::ffi::c_void {
+        let i = id as usize;
+        while self.ctxs.len() <= i {
+            let id = self.ctxs.len() as u64;
+            self.ctxs.push(Box::new(Ctx { fi: ffi::fi_context2::default(), id }));
+        }
+        &mut *self.ctxs[i] as *mut Ctx as *mut _
+    }
+
+    fn cq_error(&mut self, out: &mut Vec<Completion>) {
+        let mut e = ffi::fi_cq_err_entry::default();
+        // SAFETY: reading one error entry into a zeroed struct we own.
+        let r = unsafe { ffi::fi_cq_readerr(self.cq, &mut e, 0) };
+        if r < 0 {
+            return;
+        }
+        let mut buf = [0i8; 256];
+        // SAFETY: the provider formats into our buffer and returns a pointer into it or to a
+        // static string.
+        let prov_text = unsafe {
+            let p = ffi::fi_cq_strerror(self.cq, e.prov_errno, e.err_data, buf.as_mut_ptr(), buf.len());
+            if p.is_null() {
+                String::new()
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        let status = TransportError {
+            provider: self.caps.provider.clone(),
+            errno: e.err,
+            text: format!("{} (provider: {prov_text}, prov_errno {})", fi_error(e.err), e.prov_errno),
+            class: classify(e.err),
+        };
+        if e.op_context.is_null() {
+            tracing::warn!(error = %status, "completion error without a request");
+            return;
+        }
+        // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
+        let id = unsafe { (*(e.op_context as *const Ctx)).id };
+        out.push(Completion::Op { id, len: 0, imm: None, status: Err(status) });
+    }
+}
+
+impl Transport for FabricTransport {
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    fn local_name(&self) -> Vec<u8> {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: the endpoint is open; buf/len describe writable memory.
+        let mut r = unsafe { ffi::fi_getname(&mut (*self.ep).fid, buf.as_mut_ptr() as *mut _, &mut len) };
+        if r == -(ffi::FI_ETOOSMALL as i32) {
+            buf.resize(len, 0);
+            // SAFETY: as above, with the size the provider asked for.
+            r = unsafe { ffi::fi_getname(&mut (*self.ep).fid, buf.as_mut_ptr() as *mut _, &mut len) };
+        }
+        assert_eq!(r, 0, "fi_getname: {}", fi_error(r));
+        buf.truncate(len);
+        buf
+    }
+
+    fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr, TransportError> {
+        let mut addr: ffi::fi_addr_t = 0;
+        // SAFETY: `name` is a peer address of this provider's format (the handshake checked the
+        // provider); libfabric copies it.
+        let n = unsafe { ffi::fi_av_insert(self.av, name.as_ptr() as *const _, 1, &mut addr, 0, ptr::null_mut()) };
+        if n != 1 {
+            return Err(self.err(if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) }, "fi_av_insert"));
+        }
+        Ok(addr)
+    }
+
+    fn remove_peer(&mut self, peer: PeerAddr) {
+        let mut a = peer;
+        // SAFETY: removing an address this AV returned.
+        let r = unsafe { ffi::fi_av_remove(self.av, &mut a, 1, 0) };
+        if r != 0 {
+            tracing::debug!(error = %fi_error(r), "fi_av_remove");
+        }
+    }
+
+    unsafe fn register(&mut self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion, TransportError> {
+        let local = self.mr_mode & ffi::FI_MR_LOCAL != 0;
+        if !access.is_remote() && !local {
+            return Ok(MemoryRegion { id: NO_MR, desc: 0, key: 0, remote_base: 0 });
+        }
+        let mut acs = (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64;
+        if access.remote_read {
+            acs |= ffi::FI_REMOTE_READ as u64;
+        }
+        if access.remote_write {
+            acs |= ffi::FI_REMOTE_WRITE as u64;
+        }
+        let prov_key = self.mr_mode & ffi::FI_MR_PROV_KEY != 0;
+        let mut mr: *mut ffi::fid_mr = ptr::null_mut();
+        // Random keys where we choose them: never a guessable counter. Retry on collision.
+        let mut tries = 0;
+        loop {
+            let key = if prov_key { 0 } else { rand::random::<u64>() & self.key_mask };
+            // SAFETY: the caller keeps [ptr, ptr+len) allocated until deregister.
+            let r = unsafe { ffi::fi_mr_reg(self.domain, ptr as *const _, len, acs, 0, key, 0, &mut mr, ptr::null_mut()) };
+            if r == 0 {
+                break;
+            }
+            tries += 1;
+            if r != -(ffi::FI_ENOKEY as i32) || tries > 8 {
+                return Err(self.err(r, "fi_mr_reg"));
+            }
+        }
+        if self.mr_mode & ffi::FI_MR_ENDPOINT != 0 {
+            // SAFETY: binding a fresh MR to our endpoint, then enabling it.
+            let r = unsafe { ffi::fi_mr_bind(mr, &mut (*self.ep).fid, 0) };
+            // SAFETY: as above.
+            let r = if r == 0 { unsafe { ffi::fi_mr_enable(mr) } } else { r };
+            if r != 0 {
+                // SAFETY: closing the MR we just opened.
+                unsafe { ffi::fi_close(&mut (*mr).fid) };
+                return Err(self.err(r, "fi_mr_bind/enable"));
+            }
+        }
+        // SAFETY: mr is a valid, open registration.
+        let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
+        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 { ptr as u64 } else { 0 };
+        let id = self.mrs.insert(mr) as u64;
+        Ok(MemoryRegion { id, desc, key, remote_base })
+    }
+
+    fn deregister(&mut self, id: u64) -> Result<(), TransportError> {
+        if id == NO_MR {
+            return Ok(());
+        }
+        let Some(mr) = self.mrs.try_remove(id as usize) else {
+            return Err(self.err(-(ffi::FI_ENOENT as i64), "deregister: unknown region"));
+        };
+        // SAFETY: closing a registration we opened, once.
+        let r = unsafe { ffi::fi_close(&mut (*mr).fid) };
+        if r != 0 {
+            return Err(self.err(r, "fi_close(mr)"));
+        }
+        Ok(())
+    }
+
+    unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
+        let mut iov = [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; 4];
+        let mut desc = [ptr::null_mut::<std::ffi::c_void>(); 4];
+        let n = wr.local.len();
+        if n == 0 || n > iov.len().min(self.caps.iov_limit) {
+            return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "scatter list length")));
+        }
+        for (k, LocalSeg { ptr, len, desc: d }) in wr.local.iter().enumerate() {
+            iov[k] = libc::iovec { iov_base: *ptr as *mut _, iov_len: *len };
+            desc[k] = *d as *mut _;
+        }
+        let total: usize = wr.local.iter().map(|s| s.len).sum();
+        let context = self.ctx(wr.id);
+        let more = if wr.more { ffi::FI_MORE as u64 } else { 0 };
+        let mut flags = ffi::FI_COMPLETION as u64 | more;
+        let ret = match wr.kind {
+            WrKind::Write { remote_addr, key, imm } => {
+                if imm.is_some() {
+                    flags |= ffi::FI_REMOTE_CQ_DATA as u64;
+                }
+                if self.delivery_complete {
+                    flags |= ffi::FI_DELIVERY_COMPLETE as u64;
+                }
+                let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
+                let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, imm.unwrap_or(0));
+                // SAFETY: the caller keeps the local memory valid until the completion; msg and
+                // its arrays live for the call (libfabric copies what it keeps).
+                unsafe { ffi::fi_writemsg(self.ep, &msg, flags) }
+            }
+            WrKind::Read { remote_addr, key } => {
+                let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
+                let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, 0);
+                // SAFETY: as for writes; the memory is ours alone until the completion.
+                unsafe { ffi::fi_readmsg(self.ep, &msg, flags) }
+            }
+            WrKind::Send { imm } => {
+                let data = imm.unwrap_or(0);
+                if imm.is_some() {
+                    flags |= ffi::FI_REMOTE_CQ_DATA as u64;
+                }
+                if imm.is_none() && n == 1 && total <= self.caps.inject_size {
+                    // Small payloads go inline: copied now, no completion to wait for.
+                    // SAFETY: the provider copies `total` bytes from valid memory before returning.
+                    let r = unsafe { ffi::fi_inject(self.ep, iov[0].iov_base, total, wr.peer) };
+                    return match r {
+                        0 => Ok(Posted::Completed),
+                        r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
+                        r => Err(PostError::Failed(self.err(r as i64, "fi_inject"))),
+                    };
+                }
+                let msg = ffi::fi_msg {
+                    msg_iov: iov.as_mut_ptr() as *const _,
+                    desc: desc.as_mut_ptr(),
+                    iov_count: n,
+                    addr: wr.peer,
+                    context,
+                    data,
+                };
+                // SAFETY: as for reads.
+                unsafe { ffi::fi_sendmsg(self.ep, &msg, flags) }
+            }
+            WrKind::Recv => {
+                let msg = ffi::fi_msg {
+                    msg_iov: iov.as_mut_ptr() as *const _,
+                    desc: desc.as_mut_ptr(),
+                    iov_count: n,
+                    addr: wr.peer,
+                    context,
+                    data: 0,
+                };
+                // SAFETY: as for reads; the memory is ours alone until the completion.
+                unsafe { ffi::fi_recvmsg(self.ep, &msg, ffi::FI_COMPLETION as u64) }
+            }
+        };
+        match ret {
+            0 => Ok(Posted::Queued),
+            r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
+            r => Err(PostError::Failed(self.err(r as i64, "post"))),
+        }
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let before = out.len();
+        let max = max.min(CQ_BATCH);
+        // SAFETY: `entries` holds CQ_BATCH entries of the format the CQ was opened with.
+        let r = unsafe { ffi::fi_cq_read(self.cq, self.entries.as_mut_ptr() as *mut _, max) };
+        if r > 0 {
+            for e in &self.entries[..r as usize] {
+                if e.flags & ffi::FI_REMOTE_WRITE as u64 != 0 {
+                    if e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0 {
+                        out.push(Completion::RemoteWrite { imm: e.data, len: e.len });
+                    }
+                    continue;
+                }
+                if e.op_context.is_null() {
+                    continue;
+                }
+                // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
+                let id = unsafe { (*(e.op_context as *const Ctx)).id };
+                let imm = (e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0).then_some(e.data);
+                out.push(Completion::Op { id, len: e.len, imm, status: Ok(()) });
+            }
+        } else if r == -(ffi::FI_EAVAIL as isize) {
+            self.cq_error(out);
+        }
+        out.len() - before
+    }
+
+    fn wait(&mut self, timeout: Duration) {
+        match self.cq_fd {
+            Some(fd) => {
+                // SAFETY: trywait on our open CQ; it returns 0 only when it is safe to block.
+                let ok = unsafe {
+                    let mut cq_fid: *mut ffi::fid = &mut (*self.cq).fid;
+                    ffi::fi_trywait(self.fabric, &mut cq_fid, 1) == 0
+                };
+                if ok {
+                    self.efd.wait(&[fd], timeout);
+                }
+            }
+            None => self.efd.wait(&[], timeout),
+        }
+    }
+
+    fn notifier(&self) -> Arc<dyn Notify> {
+        self.efd.clone()
+    }
+}
+
+fn rma_msg(
+    iov: &mut [libc::iovec; 4],
+    desc: &mut [*mut std::ffi::c_void; 4],
+    n: usize,
+    peer: PeerAddr,
+    rma: &mut ffi::fi_rma_iov,
+    context: *mut std::ffi::c_void,
+    data: u64,
+) -> ffi::fi_msg_rma {
+    ffi::fi_msg_rma {
+        msg_iov: iov.as_mut_ptr() as *const _,
+        desc: desc.as_mut_ptr(),
+        iov_count: n,
+        addr: peer,
+        rma_iov: rma,
+        rma_iov_count: 1,
+        context,
+        data,
+    }
+}
+
+impl Drop for FabricTransport {
+    fn drop(&mut self) {
+        // SAFETY: closing what we opened, endpoint first, each once; null means never opened.
+        unsafe {
+            if !self.ep.is_null() {
+                ffi::fi_close(&mut (*self.ep).fid);
+            }
+            for mr in self.mrs.drain() {
+                ffi::fi_close(&mut (*mr).fid);
+            }
+            if !self.av.is_null() {
+                ffi::fi_close(&mut (*self.av).fid);
+            }
+            if !self.cq.is_null() {
+                ffi::fi_close(&mut (*self.cq).fid);
+            }
+            if !self.domain.is_null() {
+                ffi::fi_close(&mut (*self.domain).fid);
+            }
+            if !self.fabric.is_null() {
+                ffi::fi_close(&mut (*self.fabric).fid);
+            }
+        }
+    }
+}

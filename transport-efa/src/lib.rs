@@ -1,0 +1,38 @@
+//! # rdmalane-efa
+//!
+//! The libfabric backend of rdmalane: FI_EP_RDM endpoints on `efa` in production and on
+//! `tcp;ofi_rxm` and `shm` anywhere. Bindings are generated at build time from the system
+//! headers (see `build.rs`); symbols newer than Debian 12's 1.17 are gated on `fi_X_Y` cfgs.
+//!
+//! ```no_run
+//! let rt = rdmalane::Runtime::builder()
+//!     .backend(rdmalane_efa::Libfabric)
+//!     .provider("shm")
+//!     .build()?;
+//! # Ok::<(), rdmalane::Error>(())
+//! ```
+pub mod fabric;
+pub mod ffi;
+mod info;
+pub mod raw;
+mod util;
+mod wait;
+
+pub use fabric::FabricTransport;
+pub use info::provider_string;
+
+use rdmalane::transport::{Backend, Transport, TransportConfig};
+
+/// The libfabric version the bindings were generated from.
+pub const HEADER_VERSION: &str = env!("RDMALANE_FI_HEADER_VERSION");
+
+/// The libfabric [`Backend`]: pass it to `Runtime::builder().backend(..)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Libfabric;
+
+impl Backend for Libfabric {
+    fn open(&self, config: &TransportConfig) -> rdmalane::Result<Box<dyn Transport>> {
+        let t = FabricTransport::open(config.provider.as_deref(), config.node.as_deref())?;
+        Ok(Box::new(t))
+    }
+}
