@@ -219,7 +219,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(op: OpKind, reason: impl Into<String>) -> Error {
+    /// An `InvalidArgument` error for `op`.
+    pub fn invalid(op: OpKind, reason: impl Into<String>) -> Error {
         Error::InvalidArgument { op, reason: reason.into() }
     }
 }

@@ -119,6 +119,7 @@ impl Builder {
             config.node = std::env::var("RDMALANE_NODE").ok().filter(|s| !s.is_empty());
         }
         let core = self.core.or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
+        config.no_wait_object = self.driver == Driver::Inline;
         let transport = backend.open(&config)?;
         let caps = transport.caps().clone();
         let name = transport.local_name();

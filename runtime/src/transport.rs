@@ -233,4 +233,8 @@ pub struct TransportConfig {
     pub provider: Option<String>,
     /// Local address (node) to bind to, where the provider needs one (tcp).
     pub node: Option<String>,
+    /// Open the completion queue with a wait object the reactor can sleep on. A wait object
+    /// costs a signal per completion on some providers (tcp), so a driver that never sleeps
+    /// (the inline one) goes without.
+    pub no_wait_object: bool,
 }

@@ -65,8 +65,8 @@ fn check(ret: impl Into<i64>, prov: &str, what: &str) -> Result<()> {
 
 impl FabricTransport {
     /// Open `provider` (or the preference list when `None`), binding to `node` where the
-    /// provider needs an address.
-    pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<FabricTransport> {
+    /// provider needs an address; `wait_fd` asks for a CQ the caller can sleep on.
+    pub fn open(provider: Option<&str>, node: Option<&str>, wait_fd: bool) -> Result<FabricTransport> {
         let (list, prov) = match provider {
             Some(p) => info::select(p, node)?,
             None => {
@@ -90,10 +90,10 @@ impl FabricTransport {
                 }
             }
         };
-        Self::open_info(list, &prov)
+        Self::open_info(list, &prov, wait_fd)
     }
 
-    fn open_info(list: InfoList, prov: &str) -> Result<FabricTransport> {
+    fn open_info(list: InfoList, prov: &str, wait_fd: bool) -> Result<FabricTransport> {
         let info = list.0;
         let mut t = FabricTransport {
             _info: list,
@@ -149,14 +149,15 @@ impl FabricTransport {
                 size: 0,
                 ..Default::default()
             };
-            if ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()) == 0 {
+            if wait_fd && ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()) == 0 {
                 let mut fd: i32 = -1;
                 let r = ffi::fi_control(&mut (*t.cq).fid, ffi::FI_GETWAIT as i32, &mut fd as *mut i32 as *mut _);
                 if r == 0 && fd >= 0 {
                     t.cq_fd = Some(fd);
                 }
             } else {
-                // No wait object here (shm): the reactor backs off with short sleeps instead.
+                // No wait object (shm has none; busy-polling drivers want none): an idle reactor
+                // backs off with short sleeps instead.
                 t.cq = ptr::null_mut();
                 cq_attr.wait_obj = ffi::fi_wait_obj_FI_WAIT_NONE;
                 check(ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()), prov, "fi_cq_open")?;

@@ -1,1 +1,123 @@
-//! raw
+//! The raw engine: one libfabric endpoint driven directly, with no reactor, no op cells and no
+//! scheduler. `rdmalane-perf --engine raw` measures the runtime's overhead against it. It owns
+//! its memory, so its API is safe: buffers are indices and every range is checked.
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+
+use rdmalane::transport::{Access, Completion, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport};
+use rdmalane::transport::{WorkRequest, WrKind};
+use rdmalane::{Error, OpKind, Result};
+
+use crate::FabricTransport;
+
+struct RawMem {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    mr: MemoryRegion,
+}
+
+/// A libfabric endpoint plus memory it owns.
+pub struct RawEngine {
+    // Declared first: dropped (endpoint closed, no more DMA) before the memory below is freed.
+    t: FabricTransport,
+    mems: Vec<RawMem>,
+}
+
+// SAFETY: the engine owns its memory; the transport is Send.
+unsafe impl Send for RawEngine {}
+
+impl RawEngine {
+    /// Open `provider` as the runtime would.
+    pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<RawEngine> {
+        Ok(RawEngine { t: FabricTransport::open(provider, node, false)?, mems: Vec::new() })
+    }
+
+    /// The underlying transport's capabilities.
+    pub fn caps(&self) -> &rdmalane::Caps {
+        self.t.caps()
+    }
+
+    /// This endpoint's address.
+    pub fn name(&self) -> Vec<u8> {
+        self.t.local_name()
+    }
+
+    /// Insert a peer's address.
+    pub fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr> {
+        self.t.insert_peer(name).map_err(|e| Error::Transport { op: OpKind::Connect, peer: "-".into(), source: e })
+    }
+
+    /// Allocate and register `len` zeroed bytes; returns the buffer's index.
+    pub fn alloc(&mut self, len: usize, access: Access) -> Result<usize> {
+        let layout = Layout::from_size_align(len.max(1), 4096)
+            .map_err(|e| Error::invalid(OpKind::Register, e.to_string()))?;
+        // SAFETY: non-zero size.
+        let ptr = NonNull::new(unsafe { alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| Error::invalid(OpKind::Register, "out of memory"))?;
+        // SAFETY: the memory lives in `self.mems` until the engine drops, after the transport
+        // (and with it every registration) is closed.
+        let mr = match unsafe { self.t.register(ptr.as_ptr(), len, access) } {
+            Ok(mr) => mr,
+            Err(e) => {
+                // SAFETY: allocated just above with this layout.
+                unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
+                return Err(Error::Transport { op: OpKind::Register, peer: "-".into(), source: e });
+            }
+        };
+        self.mems.push(RawMem { ptr, layout, mr });
+        Ok(self.mems.len() - 1)
+    }
+
+    /// (remote address, key) of buffer `mem` for a peer.
+    pub fn remote(&self, mem: usize) -> (u64, u64) {
+        let m = &self.mems[mem];
+        (m.mr.remote_base, m.mr.key)
+    }
+
+    /// The bytes of buffer `mem`.
+    pub fn bytes(&mut self, mem: usize) -> &mut [u8] {
+        let m = &self.mems[mem];
+        // SAFETY: owned, initialised memory; `&mut self` excludes other access from Rust. A
+        // NIC may write it concurrently only if the caller posted a receive into it, as with any
+        // device-shared memory.
+        unsafe { std::slice::from_raw_parts_mut(m.ptr.as_ptr(), m.layout.size()) }
+    }
+
+    fn seg(&self, mem: usize, off: usize, len: usize) -> Result<LocalSeg, PostError> {
+        let m = self.mems.get(mem).ok_or_else(|| bad("no such buffer"))?;
+        if off.checked_add(len).is_none_or(|e| e > m.layout.size()) {
+            return Err(bad("range outside the buffer"));
+        }
+        Ok(LocalSeg { ptr: m.ptr.as_ptr().wrapping_add(off), len, desc: m.mr.desc })
+    }
+
+    /// Post one work request on `len` bytes at `off` of buffer `mem`.
+    pub fn post(&mut self, id: u64, peer: PeerAddr, kind: WrKind, mem: usize, off: usize, len: usize) -> Result<Posted, PostError> {
+        let seg = self.seg(mem, off, len)?;
+        let wr = WorkRequest { id, peer, kind, local: std::slice::from_ref(&seg), more: false };
+        // SAFETY: the memory belongs to the engine and outlives the endpoint (see field order).
+        unsafe { self.t.post(&wr) }
+    }
+
+    /// Poll completions.
+    pub fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        self.t.poll(out, max)
+    }
+}
+
+fn bad(why: &str) -> PostError {
+    PostError::Failed(rdmalane::TransportError {
+        provider: "raw".into(),
+        errno: libc::EINVAL,
+        text: why.into(),
+        class: rdmalane::FailureClass::Other,
+    })
+}
+
+impl Drop for RawMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `alloc` with this layout; the engine's transport (declared
+        // before `mems`) has already closed, so no registration or DMA refers to it.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}

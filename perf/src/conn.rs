@@ -1,0 +1,209 @@
+//! Bringing the two sides together: the child server process, and the connection for each
+//! engine (the runtime's own handshake, or a bare TCP exchange of addresses for raw).
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+use rdmalane::transport::PeerAddr;
+use rdmalane::{Driver, Endpoint, Runtime};
+use rdmalane_efa::raw::RawEngine;
+
+use crate::cli::{Common, Engine};
+
+pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+
+/// The server side running as a child of this process.
+pub struct ServerChild {
+    child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl ServerChild {
+    /// Start `rdmalane-perf MODE --server` with the same settings; returns it and its address.
+    pub fn spawn(mode: &str, a: &Common) -> Result<(ServerChild, String), BoxErr> {
+        let engine = match a.engine {
+            Engine::Runtime => "runtime",
+            Engine::Raw => "raw",
+        };
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([mode, "--server", "--listen", "127.0.0.1:0", "--provider", &a.provider, "--engine", engine])
+            .args(["--size", &a.size.to_string(), "--iters", &a.iters.to_string()])
+            .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if out.read_line(&mut line)? == 0 {
+                let _ = child.kill();
+                return Err("server exited before listening".into());
+            }
+            if let Some(addr) = line.trim().strip_prefix("LISTENING ") {
+                let addr = addr.to_string();
+                return Ok((ServerChild { child, out }, addr));
+            }
+        }
+    }
+
+    /// Wait for the server to end; returns the CPU share it reported.
+    pub fn finish(mut self) -> Result<f64, BoxErr> {
+        let mut rest = String::new();
+        self.out.read_to_string(&mut rest)?;
+        let status = self.child.wait()?;
+        if !status.success() {
+            return Err(format!("server failed: {status}").into());
+        }
+        rest.lines()
+            .filter_map(|l| l.strip_prefix("SERVER_CPU "))
+            .next_back()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| "server reported no CPU figure".into())
+    }
+}
+
+impl Drop for ServerChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// CPU seconds (user + system) this process has used, from /proc.
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat(5); here indices 11 and 12. 100 ticks/s.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU share in percent of one core over a measured span.
+pub struct CpuMeter(f64, Instant);
+
+impl CpuMeter {
+    pub fn start() -> CpuMeter {
+        CpuMeter(cpu_seconds(), Instant::now())
+    }
+    pub fn pct(&self) -> f64 {
+        let wall = self.1.elapsed().as_secs_f64().max(1e-9);
+        100.0 * (cpu_seconds() - self.0) / wall
+    }
+}
+
+/// The runtime engine's connection.
+pub struct RtConn {
+    /// Runs the control-plane tasks (peer liveness) for the connection's life.
+    pub _tokio: tokio::runtime::Runtime,
+    pub rt: Runtime,
+    pub ep: Endpoint,
+}
+
+fn tokio_rt() -> Result<tokio::runtime::Runtime, BoxErr> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?)
+}
+
+fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
+    let mut b = Runtime::builder()
+        .backend(rdmalane_efa::Libfabric)
+        .provider(&a.provider)
+        .driver(Driver::Inline);
+    if let Some(n) = &a.node {
+        b = b.node(n);
+    }
+    Ok(b.build()?)
+}
+
+impl RtConn {
+    pub fn server(a: &Common) -> Result<RtConn, BoxErr> {
+        let tokio = tokio_rt()?;
+        let rt = build_rt(a)?;
+        let ep = tokio.block_on(async {
+            let l = rt.listen(&a.listen).await?;
+            println!("LISTENING {}", l.local_addr()?);
+            std::io::stdout().flush()?;
+            Ok::<_, BoxErr>(l.accept().await?)
+        })?;
+        Ok(RtConn { _tokio: tokio, rt, ep })
+    }
+
+    pub fn client(a: &Common, addr: &str) -> Result<RtConn, BoxErr> {
+        let tokio = tokio_rt()?;
+        let rt = build_rt(a)?;
+        let ep = tokio.block_on(rt.connect(addr.to_string()))?;
+        Ok(RtConn { _tokio: tokio, rt, ep })
+    }
+}
+
+/// The raw engine's connection: the endpoint, the peer, and the TCP socket used for setup and
+/// the final handshake.
+pub struct RawConn {
+    pub eng: RawEngine,
+    pub peer: PeerAddr,
+    pub ctl: TcpStream,
+}
+
+fn exchange(ctl: &mut TcpStream, mine: &[u8]) -> Result<Vec<u8>, BoxErr> {
+    ctl.write_all(&(mine.len() as u32).to_le_bytes())?;
+    ctl.write_all(mine)?;
+    let mut len = [0u8; 4];
+    ctl.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > 4096 {
+        return Err("peer sent an oversized address".into());
+    }
+    let mut v = vec![0u8; len];
+    ctl.read_exact(&mut v)?;
+    Ok(v)
+}
+
+impl RawConn {
+    fn finish(mut eng: RawEngine, mut ctl: TcpStream) -> Result<RawConn, BoxErr> {
+        let theirs = exchange(&mut ctl, &eng.name())?;
+        let peer = eng.insert_peer(&theirs)?;
+        exchange(&mut ctl, b"ready")?;
+        Ok(RawConn { eng, peer, ctl })
+    }
+
+    pub fn server(a: &Common) -> Result<RawConn, BoxErr> {
+        let eng = RawEngine::open(Some(&a.provider), a.node.as_deref())?;
+        let l = TcpListener::bind(&a.listen)?;
+        println!("LISTENING {}", l.local_addr()?);
+        std::io::stdout().flush()?;
+        let (ctl, _) = l.accept()?;
+        Self::finish(eng, ctl)
+    }
+
+    pub fn client(a: &Common, addr: &str) -> Result<RawConn, BoxErr> {
+        let eng = RawEngine::open(Some(&a.provider), a.node.as_deref())?;
+        Self::finish(eng, TcpStream::connect(addr)?)
+    }
+
+    /// Send eight bytes over the setup socket.
+    pub fn put(&mut self, v: u64) -> Result<(), BoxErr> {
+        Ok(self.ctl.write_all(&v.to_le_bytes())?)
+    }
+
+    /// Receive eight bytes over the setup socket.
+    pub fn get(&mut self) -> Result<u64, BoxErr> {
+        let mut b = [0u8; 8];
+        self.ctl.read_exact(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+/// Run `client` against the server: the given address, or a child process on loopback.
+pub fn with_server<T>(mode: &str, a: &Common, client: impl FnOnce(&str) -> Result<T, BoxErr>) -> Result<(T, Option<f64>), BoxErr> {
+    match &a.connect {
+        Some(addr) => Ok((client(addr)?, None)),
+        None => {
+            let (child, addr) = ServerChild::spawn(mode, a)?;
+            let v = client(&addr)?;
+            let cpu = child.finish()?;
+            Ok((v, Some(cpu)))
+        }
+    }
+}

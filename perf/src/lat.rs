@@ -1,0 +1,157 @@
+//! `lat`: send/recv ping-pong; one-way latency is half of each round trip, as perftest and
+//! fabtests report it.
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use rdmalane::transport::{Access, Completion, PostError, Posted, WrKind};
+
+use crate::cli::{Common, Engine};
+use crate::conn::{with_server, BoxErr, CpuMeter, RawConn, RtConn};
+use crate::report::{print, Progress, Val};
+
+pub fn run(a: &Common) -> Result<(), BoxErr> {
+    if a.server {
+        let cpu = CpuMeter::start();
+        match a.engine {
+            Engine::Runtime => rt_side(&mut RtConn::server(a)?, a, false, None)?,
+            Engine::Raw => raw_side(&mut RawConn::server(a)?, a, false, None)?,
+        }
+        println!("SERVER_CPU {:.2}", cpu.pct());
+        return Ok(());
+    }
+    let mut hist = Histogram::<u64>::new(3)?;
+    let (provider, server_cpu) = with_server("lat", a, |addr| match a.engine {
+        Engine::Runtime => {
+            let mut c = RtConn::client(a, addr)?;
+            rt_side(&mut c, a, true, Some(&mut hist))?;
+            Ok(c.rt.provider().to_string())
+        }
+        Engine::Raw => {
+            let mut c = RawConn::client(a, addr)?;
+            raw_side(&mut c, a, true, Some(&mut hist))?;
+            Ok(c.eng.caps().provider.clone())
+        }
+    })?;
+    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    print(
+        a.json,
+        &format!("lat: {} B send/recv ping-pong over {provider}, engine {:?}", a.size, a.engine),
+        &[
+            ("bench", Val::S("lat".into())),
+            ("provider", Val::S(provider)),
+            ("engine", Val::S(format!("{:?}", a.engine).to_lowercase())),
+            ("size", Val::I(a.size as u64)),
+            ("iters", Val::I(a.iters as u64)),
+            ("p50_us", Val::F(us(0.5))),
+            ("p99_us", Val::F(us(0.99))),
+            ("p999_us", Val::F(us(0.999))),
+            ("mean_us", Val::F(hist.mean() / 1000.0)),
+            ("server_cpu_pct", Val::F(server_cpu.unwrap_or(f64::NAN))),
+        ],
+    );
+    Ok(())
+}
+
+fn rt_side(c: &mut RtConn, a: &Common, client: bool, mut hist: Option<&mut Histogram<u64>>) -> Result<(), BoxErr> {
+    let total = a.warmup + a.iters;
+    let (rt, ep) = (&c.rt, &c.ep);
+    let mut progress = Progress::new(client && !a.json, total);
+    rt.block_on(async {
+        let mut sbuf = rt.alloc(a.size)?;
+        let mut rbuf = rt.alloc(a.size)?;
+        if client {
+            for i in 0..total {
+                let t0 = Instant::now();
+                let recv = ep.recv(rbuf);
+                let (r, s) = ep.send(sbuf).await;
+                r?;
+                sbuf = s;
+                let (r, b) = recv.await;
+                r?;
+                rbuf = b;
+                if i >= a.warmup {
+                    if let Some(h) = hist.as_deref_mut() {
+                        h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+                    }
+                }
+                progress.tick(i);
+            }
+        } else {
+            let mut next = Some(ep.recv(rbuf));
+            for i in 0..total {
+                let (r, b) = next.take().expect("a receive is posted").await;
+                r?;
+                // Post the next receive before answering, so the next ping finds it.
+                if i + 1 < total {
+                    next = Some(ep.recv(b));
+                }
+                let (r, s) = ep.send(sbuf).await;
+                r?;
+                sbuf = s;
+            }
+        }
+        progress.done();
+        Ok::<(), BoxErr>(())
+    })
+}
+
+/// Poll until the completions for `ids` (those still pending) have arrived.
+fn wait_for(c: &mut RawConn, mut pending: Vec<u64>, comps: &mut Vec<Completion>) -> Result<(), BoxErr> {
+    while !pending.is_empty() {
+        comps.clear();
+        c.eng.poll(comps, 16);
+        for comp in comps.iter() {
+            if let Completion::Op { id, status, .. } = comp {
+                status.clone()?;
+                pending.retain(|p| p != id);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn post(c: &mut RawConn, id: u64, kind: WrKind, mem: usize, len: usize) -> Result<Option<u64>, BoxErr> {
+    loop {
+        match c.eng.post(id, c.peer, kind, mem, 0, len) {
+            Ok(Posted::Queued) => return Ok(Some(id)),
+            Ok(Posted::Completed) => return Ok(None),
+            Err(PostError::Again) => {
+                let mut v = Vec::new();
+                c.eng.poll(&mut v, 0);
+            }
+            Err(PostError::Failed(e)) => return Err(e.into()),
+        }
+    }
+}
+
+fn raw_side(c: &mut RawConn, a: &Common, client: bool, mut hist: Option<&mut Histogram<u64>>) -> Result<(), BoxErr> {
+    let total = a.warmup + a.iters;
+    let s = c.eng.alloc(a.size, Access::LOCAL)?;
+    let r = c.eng.alloc(a.size, Access::LOCAL)?;
+    let mut comps = Vec::with_capacity(16);
+    let mut progress = Progress::new(client && !a.json, total);
+    if client {
+        for i in 0..total {
+            let t0 = Instant::now();
+            let recv = post(c, 1, WrKind::Recv, r, a.size)?;
+            let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
+            wait_for(c, recv.into_iter().chain(send).collect(), &mut comps)?;
+            if i >= a.warmup {
+                if let Some(h) = hist.as_deref_mut() {
+                    h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+                }
+            }
+            progress.tick(i);
+        }
+    } else {
+        let mut recv = post(c, 1, WrKind::Recv, r, a.size)?;
+        for i in 0..total {
+            wait_for(c, recv.into_iter().collect(), &mut comps)?;
+            recv = if i + 1 < total { post(c, 1, WrKind::Recv, r, a.size)? } else { None };
+            let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
+            wait_for(c, send.into_iter().collect(), &mut comps)?;
+        }
+    }
+    progress.done();
+    Ok(())
+}
