@@ -24,6 +24,7 @@ mod reactor;
 mod recv_stream;
 mod remote;
 mod runtime;
+mod stats;
 pub mod transport;
 
 pub use bootstrap::Listener;
@@ -35,4 +36,5 @@ pub use op::Op;
 pub use recv_stream::{RecvMsg, RecvStream};
 pub use remote::RemoteBuf;
 pub use runtime::{Builder, Driver, Runtime, WeakRuntime};
+pub use stats::Stats;
 pub use transport::{Access, Backend, Caps, Transport, TransportConfig};

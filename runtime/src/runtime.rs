@@ -13,6 +13,7 @@ use crate::imm::{ImmEvent, ImmQueue, NextImm};
 use crate::reactor::cmd::{Cmd, OpReq};
 use crate::reactor::thread::{self, Idle, IdlePolicy};
 use crate::reactor::Reactor;
+use crate::stats::{Counters, Stats};
 use crate::transport::{Access, Backend, Caps, MemoryRegion, Notify, TransportConfig};
 
 /// Who drives the reactor.
@@ -126,7 +127,8 @@ impl Builder {
         let notifier = transport.notifier();
         let (tx, rx) = mpsc::channel();
         let imm = Arc::new(ImmQueue::default());
-        let reactor = Reactor::new(transport, rx, imm.clone(), self.peer_grace);
+        let counters = Arc::new(Counters::default());
+        let reactor = Reactor::new(transport, rx, imm.clone(), self.peer_grace, counters.clone());
         let idle = Arc::new(Idle::default());
         let (inline, thread) = match self.driver {
             Driver::Inline => (Some(Mutex::new(reactor)), None),
@@ -150,6 +152,7 @@ impl Builder {
                 thread: Mutex::new(thread),
                 thread_id,
                 imm,
+                counters,
                 connect_timeout: self.connect_timeout,
             }),
         })
@@ -167,6 +170,7 @@ struct Inner {
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: Option<ThreadId>,
     imm: Arc<ImmQueue>,
+    counters: Arc<Counters>,
     connect_timeout: Duration,
 }
 
@@ -257,6 +261,11 @@ impl Runtime {
         self.inner.imm.try_pop()
     }
 
+    /// A snapshot of the op counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
+    }
+
     /// Run a future to completion on this thread. With [`Driver::Inline`] this thread also
     /// drives the reactor, busy-polling; otherwise it parks until woken.
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
@@ -267,8 +276,10 @@ impl Runtime {
         let flag = Arc::new(Flag);
         let waker = Waker::from(flag);
         let mut cx = Context::from_waker(&waker);
+        let outer = DRIVING.replace(true);
         loop {
             if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                DRIVING.set(outer);
                 return v;
             }
             // Another thread may be driving; then just let it.
@@ -291,7 +302,17 @@ impl Runtime {
 
     /// Hand an op to the reactor; on shutdown the op fails at once.
     pub(crate) fn submit(&self, req: OpReq) {
+        Counters::add(&self.inner.counters.submitted);
+        // Inside the inline driver's block_on, with nobody turning right now: post at once,
+        // skipping the queue hop. Outside block_on, ops wait for the driver like any other.
+        if let (Some(reactor), true) = (&self.inner.inline, DRIVING.get()) {
+            if let Ok(mut r) = reactor.try_lock() {
+                r.submit_now(req);
+                return;
+            }
+        }
         if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
+            Counters::add(&self.inner.counters.failed);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
         }
     }
@@ -362,6 +383,11 @@ impl WeakRuntime {
     pub fn upgrade(&self) -> Option<Runtime> {
         self.0.upgrade().map(|inner| Runtime { inner })
     }
+}
+
+thread_local! {
+    /// This thread is inside an inline driver's `block_on`.
+    static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The inline driver polls continuously, so its waker needs to do nothing.

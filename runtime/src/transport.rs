@@ -210,6 +210,10 @@ pub trait Transport: Send {
     /// anyone else) until `poll` returns the request's completion.
     unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError>;
 
+    /// Ask the provider to cancel a posted request; its completion (an error) still comes
+    /// from `poll`. Used for receives from a peer that is gone.
+    fn cancel(&mut self, id: u64);
+
     /// Drive progress and append up to `max` completions to `out`; returns how many.
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;
 

@@ -415,6 +415,17 @@ impl Transport for FabricTransport {
         }
     }
 
+    fn cancel(&mut self, id: u64) {
+        if (id as usize) < self.ctxs.len() {
+            let ctx = self.ctx(id);
+            // SAFETY: the context belongs to a request posted on this endpoint.
+            let r = unsafe { ffi::fi_cancel(&mut (*self.ep).fid, ctx) };
+            if r != 0 {
+                tracing::debug!(id, error = %fi_error(r as i64), "fi_cancel");
+            }
+        }
+    }
+
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
         let before = out.len();
         let max = max.min(CQ_BATCH);

@@ -15,6 +15,7 @@ use crate::buf::lease;
 use crate::error::{Error, OpKind, TransportError};
 use crate::imm::ImmQueue;
 use crate::op::{Complete, Done};
+use crate::stats::Counters;
 use crate::transport::{Completion, PeerAddr, PostError, Posted, Transport, WorkRequest, WrKind};
 use cmd::{Cmd, OpReq};
 
@@ -25,6 +26,8 @@ struct InFlight {
     cell: Arc<dyn Complete>,
     peer: usize,
     op: OpKind,
+    /// Bytes the request moves (completions report a length only for receives).
+    len: usize,
     /// Receives wait for the peer; they do not keep the reactor spinning.
     passive: bool,
 }
@@ -51,10 +54,23 @@ pub(crate) struct Reactor {
     lost_peers: usize,
     grace: Duration,
     disconnected: bool,
+    counters: Arc<Counters>,
+}
+
+/// Complete an op cell and count the outcome.
+fn resolve(counters: &Counters, cell: &Arc<dyn Complete>, res: Result<Done, Error>) {
+    Counters::add(if res.is_ok() { &counters.completed } else { &counters.failed });
+    cell.complete(res);
 }
 
 impl Reactor {
-    pub(crate) fn new(t: Box<dyn Transport>, rx: Receiver<Cmd>, imm: Arc<ImmQueue>, grace: Duration) -> Reactor {
+    pub(crate) fn new(
+        t: Box<dyn Transport>,
+        rx: Receiver<Cmd>,
+        imm: Arc<ImmQueue>,
+        grace: Duration,
+        counters: Arc<Counters>,
+    ) -> Reactor {
         Reactor {
             t,
             rx,
@@ -67,6 +83,7 @@ impl Reactor {
             lost_peers: 0,
             grace,
             disconnected: false,
+            counters,
         }
     }
 
@@ -80,6 +97,14 @@ impl Reactor {
             self.expire_lost();
         }
         work
+    }
+
+    /// Queue an op from the driving thread and post what can be posted, commands first so
+    /// nothing overtakes them.
+    pub(crate) fn submit_now(&mut self, req: OpReq) {
+        self.take_commands();
+        self.queue.push_back(req);
+        self.post_queued();
     }
 
     /// Ops are posted or queued that will complete without the peer's help.
@@ -117,6 +142,7 @@ impl Reactor {
         match cmd {
             Cmd::Op(req) => self.queue.push_back(req),
             Cmd::Register { ptr, len, access, reply } => {
+                Counters::add(&self.counters.registrations);
                 let _ = reply.send(lease::register(self.t.as_mut(), ptr as *mut u8, len, access));
             }
             Cmd::Deregister { id, keep, reply } => {
@@ -144,6 +170,7 @@ impl Reactor {
                         peer: label.clone(),
                         reason: "endpoint closed".into(),
                     });
+                    self.cancel_posted(slot, true);
                     self.maybe_forget(slot);
                 }
             }
@@ -157,18 +184,35 @@ impl Reactor {
                 let label = p.label.clone();
                 self.lost_peers += 1;
                 self.fail_queued(slot, |op| Error::PeerLost { op, peer: label.clone(), reason: reason.clone() });
+                // Receives would wait for the peer forever; sends and writes get a grace period
+                // to fail on their own (see expire_lost).
+                self.cancel_posted(slot, true);
             }
         }
     }
 
     fn fail_queued(&mut self, slot: usize, err: impl Fn(OpKind) -> Error) {
+        let counters = &self.counters;
         self.queue.retain(|req| {
             if req.peer != slot {
                 return true;
             }
-            req.cell.complete(Err(err(req.op)));
+            resolve(counters, &req.cell, Err(err(req.op)));
             false
         });
+    }
+
+    /// Cancel posted requests of a peer (all, or only the receives waiting on it).
+    fn cancel_posted(&mut self, slot: usize, receives_only: bool) {
+        let ids: Vec<u64> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| f.peer == slot && (f.passive || !receives_only))
+            .map(|(id, _)| id as u64)
+            .collect();
+        for id in ids {
+            self.t.cancel(id);
+        }
     }
 
     fn post_queued(&mut self) -> bool {
@@ -177,13 +221,14 @@ impl Reactor {
             // Only the reactor holds the cell: its future was dropped before posting. Withdraw.
             if Arc::strong_count(&req.cell) == 1 {
                 self.queue.pop_front();
+                Counters::add(&self.counters.withdrawn);
                 work = true;
                 continue;
             }
             let peer = &self.peers[req.peer];
             if let Some((reason, _)) = &peer.lost {
                 let err = Error::PeerLost { op: req.op, peer: peer.label.clone(), reason: reason.clone() };
-                req.cell.complete(Err(err));
+                resolve(&self.counters, &req.cell, Err(err));
                 self.queue.pop_front();
                 work = true;
                 continue;
@@ -199,13 +244,15 @@ impl Reactor {
             match lease::post(self.t.as_mut(), &wr) {
                 Ok(Posted::Completed) => {
                     let req = self.queue.pop_front().expect("front exists");
-                    req.cell.complete(Ok(Done { len: req.seg.len, imm: None }));
+                    Counters::add(&self.counters.posted);
+                    resolve(&self.counters, &req.cell, Ok(Done { len: req.seg.len, imm: None }));
                     work = true;
                 }
                 Ok(Posted::Queued) => {
                     let req = self.queue.pop_front().expect("front exists");
+                    Counters::add(&self.counters.posted);
                     let passive = matches!(req.kind, WrKind::Recv);
-                    entry.insert(InFlight { cell: req.cell, peer: req.peer, op: req.op, passive });
+                    entry.insert(InFlight { cell: req.cell, peer: req.peer, op: req.op, len: req.seg.len, passive });
                     self.peers[req.peer].inflight += 1;
                     if !passive {
                         self.active += 1;
@@ -216,7 +263,7 @@ impl Reactor {
                 Err(PostError::Failed(e)) => {
                     let req = self.queue.pop_front().expect("front exists");
                     let label = &self.peers[req.peer].label;
-                    req.cell.complete(Err(Error::from_transport(req.op, label, e)));
+                    resolve(&self.counters, &req.cell, Err(Error::from_transport(req.op, label, e)));
                     work = true;
                 }
             }
@@ -251,7 +298,7 @@ impl Reactor {
         let peer = &mut self.peers[f.peer];
         peer.inflight -= 1;
         let res = match status {
-            Ok(()) => Ok(Done { len, imm }),
+            Ok(()) => Ok(Done { len: if f.passive { len } else { f.len }, imm }),
             Err(e) => match &peer.lost {
                 Some((reason, _)) => {
                     Err(Error::PeerLost { op: f.op, peer: peer.label.clone(), reason: format!("{reason}; {e}") })
@@ -259,7 +306,7 @@ impl Reactor {
                 None => Err(Error::from_transport(f.op, &peer.label, e)),
             },
         };
-        f.cell.complete(res);
+        resolve(&self.counters, &f.cell, res);
         self.maybe_forget(f.peer);
     }
 
@@ -281,14 +328,19 @@ impl Reactor {
     /// then the peer is removed from the address vector, which makes the provider flush them.
     fn expire_lost(&mut self) {
         let now = Instant::now();
-        for (_, p) in self.peers.iter_mut() {
+        let mut expired = Vec::new();
+        for (slot, p) in self.peers.iter_mut() {
             if let Some((_, since)) = &p.lost {
                 if p.in_av && p.inflight > 0 && now.duration_since(*since) > self.grace {
                     tracing::warn!(peer = %p.label, inflight = p.inflight, "removing lost peer to flush its ops");
                     self.t.remove_peer(p.addr);
                     p.in_av = false;
+                    expired.push(slot);
                 }
             }
+        }
+        for slot in expired {
+            self.cancel_posted(slot, false);
         }
     }
 
@@ -297,12 +349,12 @@ impl Reactor {
     pub(crate) fn shutdown(&mut self, limit: Duration) {
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
-                Cmd::Op(req) => req.cell.complete(Err(Error::Shutdown { op: req.op })),
+                Cmd::Op(req) => resolve(&self.counters, &req.cell, Err(Error::Shutdown { op: req.op })),
                 other => self.handle(other),
             }
         }
-        for req in self.queue.drain(..) {
-            req.cell.complete(Err(Error::Shutdown { op: req.op }));
+        for req in std::mem::take(&mut self.queue) {
+            resolve(&self.counters, &req.cell, Err(Error::Shutdown { op: req.op }));
         }
         // Receives wait for peers that may never send: cancel them by failing their futures
         // only after the transport is gone (see below).
@@ -314,7 +366,7 @@ impl Reactor {
         if left > 0 {
             tracing::debug!(left, "ops still posted at shutdown: their buffers are leaked, never freed under DMA");
             for f in self.inflight.drain() {
-                f.cell.complete(Err(Error::Shutdown { op: f.op }));
+                resolve(&self.counters, &f.cell, Err(Error::Shutdown { op: f.op }));
                 std::mem::forget(f.cell);
             }
         }

@@ -1,0 +1,48 @@
+//! Counters every op passes through, so tests and metrics can account for each one.
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of the runtime's op counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Ops handed to the reactor.
+    pub submitted: u64,
+    /// Work requests posted to the transport.
+    pub posted: u64,
+    /// Ops that completed successfully.
+    pub completed: u64,
+    /// Ops that failed (provider error, peer lost, shutdown).
+    pub failed: u64,
+    /// Ops withdrawn before posting because their future was dropped.
+    pub withdrawn: u64,
+    /// Memory registrations made.
+    pub registrations: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub submitted: AtomicU64,
+    pub posted: AtomicU64,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub withdrawn: AtomicU64,
+    pub registrations: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(c: &AtomicU64) {
+        // Single writer per counter on the hot path (the reactor); relaxed is enough.
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Stats {
+            submitted: l(&self.submitted),
+            posted: l(&self.posted),
+            completed: l(&self.completed),
+            failed: l(&self.failed),
+            withdrawn: l(&self.withdrawn),
+            registrations: l(&self.registrations),
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! Conformance on real providers (tcp;ofi_rxm and shm), both runtimes in one process.
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use rdmalane::{Access, Driver, Error, OpKind, Runtime};
+use rdmalane_conformance::{bounded, pair, pattern, runtime, share, watchdog, PROVIDERS};
+
+const SIZES: [usize; 9] = [1, 7, 63, 4096, 4097, 65_537, (1 << 20) + 3, 9_999_991, 64 << 20];
+
+#[test]
+fn write_then_read_is_byte_exact_from_1_byte_to_64_mib() {
+    for p in PROVIDERS {
+        bounded(120, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let target = b.expose(b.alloc(64 << 20).unwrap(), Access::READ_WRITE).unwrap();
+            let remote = share(&ba, &ab, target.descriptor()).await;
+            for (i, &size) in SIZES.iter().enumerate() {
+                let want = pattern(size, i as u64);
+                let mut src = a.alloc(size).unwrap();
+                src.copy_from_slice(&want);
+                let (r, _src) = ab.write_remote(src, &remote).await;
+                r.unwrap_or_else(|e| panic!("{p}: write {size}: {e}"));
+                assert!(target.as_slice()[..size] == want[..], "{p}: target differs after a {size}-byte write");
+                let (r, back) = ab.read_remote(a.alloc(size).unwrap(), &remote).await;
+                assert_eq!(r.unwrap_or_else(|e| panic!("{p}: read {size}: {e}")), size);
+                assert!(back[..] == want[..], "{p}: read-back differs at {size} bytes");
+            }
+        });
+    }
+}
+
+#[test]
+fn writes_into_offsets_of_a_region_land_exactly_there() {
+    for p in PROVIDERS {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let target = b.expose(b.alloc(1 << 20).unwrap(), Access::WRITE).unwrap();
+            let remote = share(&ba, &ab, target.descriptor()).await;
+            let piece = remote.slice(1000..1000 + 333).unwrap();
+            let mut src = a.alloc(333).unwrap();
+            src.fill(0xAB);
+            ab.write_remote(src, &piece).await.0.unwrap();
+            let t = target.as_slice();
+            assert!(t[..1000].iter().all(|&x| x == 0), "{p}: bytes before the slice touched");
+            assert!(t[1000..1333].iter().all(|&x| x == 0xAB), "{p}: slice not written");
+            assert!(t[1333..].iter().all(|&x| x == 0), "{p}: bytes after the slice touched");
+        });
+    }
+}
+
+#[test]
+fn send_and_recv_carry_messages_of_every_size() {
+    for p in PROVIDERS {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            for (i, &size) in SIZES[..7].iter().enumerate() {
+                let want = pattern(size, 100 + i as u64);
+                let mut src = a.alloc(size).unwrap();
+                src.copy_from_slice(&want);
+                let recv = ba.recv(b.alloc(size + 16).unwrap());
+                let (s, _) = ab.send(src).await;
+                s.unwrap_or_else(|e| panic!("{p}: send {size}: {e}"));
+                let (n, got) = recv.await;
+                assert_eq!(n.unwrap(), size, "{p}: received length");
+                assert!(got[..size] == want[..], "{p}: message of {size} bytes differs");
+            }
+        });
+    }
+}
+
+#[test]
+fn a_message_longer_than_the_receive_buffer_fails_the_receive() {
+    for p in PROVIDERS {
+        bounded(30, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let recv = ba.recv(b.alloc(8).unwrap());
+            let _ = ab.send(a.alloc(4096).unwrap()).await;
+            let (r, _) = recv.await;
+            assert!(r.is_err(), "{p}: a 4096-byte message fit an 8-byte receive: {r:?}");
+        });
+    }
+}
+
+#[test]
+fn write_with_imm_raises_each_value_once_in_any_order() {
+    for p in PROVIDERS {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let target = b.expose(b.alloc(100 * 4096).unwrap(), Access::WRITE).unwrap();
+            let remote = share(&ba, &ab, target.descriptor()).await;
+            let mut ops = FuturesUnordered::new();
+            for i in 0..100u64 {
+                let piece = remote.slice(i * 4096..(i + 1) * 4096).unwrap();
+                let mut src = a.alloc(4096).unwrap();
+                src.fill(i as u8);
+                ops.push(ab.write_with_imm(src, &piece, 0xC0DE_0000 + i));
+            }
+            while let Some((r, _)) = ops.next().await {
+                r.unwrap();
+            }
+            let mut seen = HashSet::new();
+            for _ in 0..100 {
+                let ev = b.next_imm().await;
+                assert!(seen.insert(ev.imm), "{p}: immediate {:#x} twice", ev.imm);
+            }
+            assert_eq!(seen, (0..100).map(|i| 0xC0DE_0000 + i).collect(), "{p}: immediates");
+            for i in 0..100usize {
+                assert!(target.as_slice()[i * 4096..(i + 1) * 4096].iter().all(|&x| x == i as u8), "{p}: piece {i}");
+            }
+            assert!(b.try_next_imm().is_none(), "{p}: extra immediate");
+        });
+    }
+}
+
+#[test]
+fn a_thousand_concurrent_writes_all_land() {
+    for p in PROVIDERS {
+        bounded(120, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let target = b.expose(b.alloc(1000 * 1024).unwrap(), Access::WRITE).unwrap();
+            let remote = share(&ba, &ab, target.descriptor()).await;
+            let mut ops = FuturesUnordered::new();
+            for i in 0..1000u64 {
+                let mut src = a.alloc(1024).unwrap();
+                src.copy_from_slice(&pattern(1024, i));
+                ops.push(ab.write_remote(src, &remote.slice(i * 1024..(i + 1) * 1024).unwrap()));
+            }
+            let mut done = 0;
+            while let Some((r, _)) = ops.next().await {
+                r.unwrap();
+                done += 1;
+            }
+            assert_eq!(done, 1000);
+            for i in 0..1000usize {
+                assert!(target.as_slice()[i * 1024..(i + 1) * 1024] == pattern(1024, i as u64)[..], "{p}: write {i}");
+            }
+        });
+    }
+}
+
+#[test]
+fn recv_stream_keeps_a_pool_posted() {
+    for p in PROVIDERS {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let mut stream = ba.recv_stream(4, 64).unwrap();
+            let sender = async {
+                for i in 0..50u8 {
+                    let mut m = a.alloc(1 + i as usize).unwrap();
+                    m.fill(i);
+                    ab.send(m).await.0.unwrap();
+                }
+            };
+            let receiver = async {
+                let mut got = Vec::new();
+                while got.len() < 50 {
+                    let m = stream.next().await.expect("stream open").unwrap();
+                    got.push((m.len(), m[0]));
+                }
+                got
+            };
+            let ((), mut got) = tokio::join!(sender, receiver);
+            got.sort();
+            assert_eq!(got, (0..50u8).map(|i| (1 + i as usize, i)).collect::<Vec<_>>(), "{p}");
+        });
+    }
+}
+
+#[test]
+fn descriptors_out_of_bounds_are_refused_before_posting() {
+    for p in PROVIDERS {
+        bounded(30, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let target = b.expose(b.alloc(4096).unwrap(), Access::WRITE).unwrap();
+            let remote = share(&ba, &ab, target.descriptor()).await;
+            let before = a.stats();
+            assert!(matches!(remote.slice(4000..4097), Err(Error::OutOfBounds { .. })));
+            let (r, _) = ab.write_remote(a.alloc(4097).unwrap(), &remote).await;
+            assert!(matches!(r, Err(Error::OutOfBounds { op: OpKind::Write, len: 4096, .. })), "{p}: {r:?}");
+            // Read access was not granted.
+            let (r, _) = ab.read_remote(a.alloc(16).unwrap(), &remote).await;
+            assert!(matches!(r, Err(Error::InvalidArgument { op: OpKind::Read, .. })), "{p}: {r:?}");
+            // A descriptor of another runtime is not this peer's.
+            let other = runtime(p);
+            let foreign = other.expose(other.alloc(64).unwrap(), Access::WRITE).unwrap().descriptor();
+            let (r, _) = ab.write_remote(a.alloc(16).unwrap(), &foreign).await;
+            assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{p}: {r:?}");
+            // A buffer of another runtime is refused too.
+            let (r, _) = ab.send(other.alloc(16).unwrap()).await;
+            assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{p}: {r:?}");
+            assert_eq!(a.stats().posted, before.posted, "{p}: something was posted");
+            assert!(target.as_slice().iter().all(|&x| x == 0), "{p}: target touched");
+        });
+    }
+}
+
+/// Wait until every submitted op is accounted for.
+async fn settle(rt: &Runtime, secs: u64) -> rdmalane::Stats {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let s = rt.stats();
+        if s.completed + s.failed + s.withdrawn == s.submitted {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "ops unaccounted for: {s:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[test]
+fn dropping_futures_in_flight_and_after_completion_is_safe() {
+    for p in PROVIDERS {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let target = b.expose(b.alloc(1 << 20).unwrap(), Access::WRITE).unwrap();
+            let remote = share(&ba, &ab, target.descriptor()).await;
+            let base = a.stats().submitted;
+            // Dropped at once: each is withdrawn or completes in the reactor, buffer kept alive.
+            for i in 0..200 {
+                let mut src = a.alloc(1 << 20).unwrap();
+                src.fill(i as u8);
+                drop(ab.write_remote(src, &remote));
+            }
+            // Dropped after completion, never polled.
+            let op = ab.write_remote(a.alloc(64).unwrap(), &remote.slice(0..64).unwrap());
+            settle(&a, 30).await;
+            drop(op);
+            // A receive dropped while posted waits for its message in the reactor.
+            drop(ba.recv(b.alloc(64).unwrap()));
+            let s = settle(&a, 30).await;
+            assert_eq!(s.submitted - base, 201, "{p}: {s:?}");
+            // The endpoint still works and the bytes are right.
+            let mut src = a.alloc(4096).unwrap();
+            src.copy_from_slice(&pattern(4096, 9));
+            ab.write_remote(src, &remote.slice(0..4096).unwrap()).await.0.unwrap();
+            assert!(target.as_slice()[..4096] == pattern(4096, 9)[..], "{p}");
+            let mut m = a.alloc(8).unwrap();
+            m.fill(5);
+            ab.send(m).await.0.unwrap();
+        });
+    }
+}
+
+#[test]
+fn a_future_dropped_before_posting_is_withdrawn() {
+    let _guard = watchdog(60);
+    for p in PROVIDERS {
+        let b = runtime(p);
+        // Inline driver: nothing is posted outside block_on, so the drop comes first for sure.
+        let a = Runtime::builder().backend(rdmalane_efa::Libfabric).provider(p).driver(Driver::Inline).build().unwrap();
+        let tokio = tokio::runtime::Runtime::new().unwrap();
+        let (ab, ba) = tokio.block_on(async {
+            let l = b.listen("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let (x, y) = tokio::join!(a.connect(addr), l.accept());
+            (x.unwrap(), y.unwrap())
+        });
+        let target = b.expose(b.alloc(4096).unwrap(), Access::WRITE).unwrap();
+        let mut msg = b.alloc(rdmalane::RemoteBuf::ENCODED_LEN).unwrap();
+        msg.copy_from_slice(&target.descriptor().to_bytes());
+        let desc_recv = ab.recv(a.alloc(rdmalane::RemoteBuf::ENCODED_LEN).unwrap());
+        // The inline side must be driven while the peer sends (it may need to accept a
+        // connection first), so both run under its block_on.
+        let ((s, _), (n, d)) = a.block_on(futures::future::join(ba.send(msg), desc_recv));
+        s.unwrap();
+        let remote = rdmalane::RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();
+
+        let mut src = a.alloc(4096).unwrap();
+        src.fill(0xEE);
+        drop(ab.write_remote(src, &remote));
+        let (r, _) = a.block_on(ab.write_remote(a.alloc(16).unwrap(), &remote.slice(100..116).unwrap()));
+        r.unwrap();
+        let s = a.stats();
+        assert_eq!(s.withdrawn, 1, "{p}: {s:?}");
+        assert!(target.as_slice().iter().all(|&x| x != 0xEE), "{p}: the withdrawn write happened");
+    }
+}
+
+#[test]
+fn connecting_where_nobody_listens_fails_in_time() {
+    bounded(20, async {
+        let a = runtime("tcp");
+        let t0 = Instant::now();
+        // A port that was just free: bind, note, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let r = a.connect(format!("127.0.0.1:{port}")).await;
+        assert!(matches!(r, Err(Error::Io { op: OpKind::Connect, .. }) | Err(Error::Timeout { .. })), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(6));
+    });
+}
+
+#[test]
+fn an_unavailable_provider_is_named_with_what_exists() {
+    let r = Runtime::builder().backend(rdmalane_efa::Libfabric).provider("no-such-provider").build();
+    match r {
+        Err(Error::ProviderUnavailable { requested, found }) => {
+            assert_eq!(requested, "no-such-provider");
+            assert!(found.contains("shm") && found.contains("tcp"), "found: {found}");
+        }
+        other => panic!("expected ProviderUnavailable, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_handshake_from_a_stranger_is_refused_and_the_listener_survives() {
+    bounded(30, async {
+        use tokio::io::AsyncWriteExt;
+        let (a, b) = (runtime("tcp"), runtime("tcp"));
+        let l = b.listen("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let r = l.accept().await;
+        assert!(matches!(r, Err(Error::Handshake { op: OpKind::Accept, .. })), "{r:?}");
+        let (x, y) = tokio::join!(a.connect(addr), l.accept());
+        x.unwrap();
+        y.unwrap();
+    });
+}

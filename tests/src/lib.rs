@@ -1,0 +1,144 @@
+//! Helpers for the conformance tests: runtimes on each provider, connected pairs, a child peer
+//! process, and a time bound on every test.
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rdmalane::{Endpoint, RemoteBuf, Runtime};
+
+/// The providers every conformance test runs on.
+pub const PROVIDERS: [&str; 2] = ["tcp", "shm"];
+
+/// A runtime on `provider` with its own reactor thread.
+pub fn runtime(provider: &str) -> Runtime {
+    Runtime::builder()
+        .backend(rdmalane_efa::Libfabric)
+        .provider(provider)
+        .idle_spin(Duration::from_micros(50))
+        .build()
+        .unwrap_or_else(|e| panic!("runtime on {provider}: {e}"))
+}
+
+/// Run `f` on a fresh tokio runtime; a test that passes `secs` fails (a hang is a failure).
+pub fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
+    rt.block_on(async {
+        match tokio::time::timeout(Duration::from_secs(secs), f).await {
+            Ok(v) => v,
+            Err(_) => panic!("test did not finish within {secs} s"),
+        }
+    })
+}
+
+/// Abort the whole test process if the returned guard is not dropped within `secs`: for tests
+/// that cannot run inside [`bounded`].
+pub fn watchdog(secs: u64) -> Watchdog {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(Duration::from_secs(secs)) {
+            eprintln!("test did not finish within {secs} s: aborting");
+            std::process::abort();
+        }
+    });
+    Watchdog(tx)
+}
+
+/// Dropping it stops the watchdog.
+pub struct Watchdog(#[allow(dead_code)] std::sync::mpsc::Sender<()>);
+
+/// Connect `a` to `b`: (a's endpoint to b, b's endpoint to a).
+pub async fn pair(a: &Runtime, b: &Runtime) -> (Endpoint, Endpoint) {
+    let l = b.listen("127.0.0.1:0").await.expect("listen");
+    let addr = l.local_addr().expect("addr");
+    let (x, y) = tokio::join!(a.connect(addr), l.accept());
+    (x.expect("connect"), y.expect("accept"))
+}
+
+/// Hand a descriptor from `from` to `to` over the data plane.
+pub async fn share(from: &Endpoint, to: &Endpoint, desc: RemoteBuf) -> RemoteBuf {
+    let (rf, rt) = (from.runtime(), to.runtime());
+    let mut msg = rf.alloc(RemoteBuf::ENCODED_LEN).expect("alloc");
+    msg.copy_from_slice(&desc.to_bytes());
+    let ((s, _), (n, b)) = tokio::join!(from.send(msg), to.recv(rt.alloc(RemoteBuf::ENCODED_LEN).expect("alloc")));
+    s.expect("send descriptor");
+    RemoteBuf::from_bytes(&b[..n.expect("recv descriptor")]).expect("decode")
+}
+
+/// A byte pattern that differs per size and seed, so misplaced bytes show.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// FNV-1a, for comparing large buffers across processes.
+pub fn hash(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x1000_0000_01b3))
+}
+
+/// The peer process (`src/bin/peer.rs`), killed when dropped.
+pub struct PeerProcess {
+    /// The child.
+    pub child: Child,
+    /// Its control-plane address.
+    pub addr: String,
+}
+
+impl PeerProcess {
+    /// Start the peer on `provider` and wait until it listens.
+    pub fn spawn(bin: &str, provider: &str) -> PeerProcess {
+        let mut child = Command::new(bin)
+            .args([provider])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn peer");
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("peer output");
+        let addr = line.trim().strip_prefix("LISTENING ").unwrap_or_else(|| panic!("peer said {line:?}")).to_string();
+        PeerProcess { child, addr }
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Commands the peer process understands (first 8 bytes of a 24-byte message).
+pub mod cmd {
+    /// Reply with the hash of the first `a` bytes of the exposed region.
+    pub const HASH: u64 = 1;
+    /// Fill the first `a` bytes with `pattern(a, b)`, then reply.
+    pub const FILL: u64 = 2;
+    /// Receive a message of up to `a` bytes and send it back.
+    pub const ECHO: u64 = 3;
+    /// Exit cleanly.
+    pub const EXIT: u64 = 4;
+    /// The size of the exposed region.
+    pub const REGION: usize = 64 << 20;
+}
+
+/// Encode a peer command.
+pub fn encode_cmd(c: u64, a: u64, b: u64) -> [u8; 24] {
+    let mut m = [0u8; 24];
+    m[0..8].copy_from_slice(&c.to_le_bytes());
+    m[8..16].copy_from_slice(&a.to_le_bytes());
+    m[16..24].copy_from_slice(&b.to_le_bytes());
+    m
+}
+
+/// Decode a peer command.
+pub fn decode_cmd(m: &[u8]) -> (u64, u64, u64) {
+    let w = |i: usize| u64::from_le_bytes(m[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    (w(0), w(1), w(2))
+}
