@@ -38,8 +38,15 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
                 let want = pattern(size, i as u64);
                 let mut src = rt.alloc(size).unwrap();
                 src.copy_from_slice(&want);
-                ep.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: write {size}: {e}"));
-                assert_eq!(ask(&rt, &ep, cmd::HASH, size as u64, 0).await, hash(&want), "{p}: {size} bytes at the peer");
+                ep.write_remote(src, &remote)
+                    .await
+                    .0
+                    .unwrap_or_else(|e| panic!("{p}: write {size}: {e}"));
+                assert_eq!(
+                    ask(&rt, &ep, cmd::HASH, size as u64, 0).await,
+                    hash(&want),
+                    "{p}: {size} bytes at the peer"
+                );
             }
             // The peer fills its region (and re-exposes it); we read it back.
             let size = (3 << 20) + 5;
@@ -47,9 +54,14 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
             command(&rt, &ep, cmd::FILL, size as u64, 77).await;
             let (n, d) = fill.await;
             let remote = RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();
-            let (r, got) = ep.read_remote(rt.alloc(size).unwrap(), &remote.slice(0..size as u64).unwrap()).await;
+            let (r, got) = ep
+                .read_remote(rt.alloc(size).unwrap(), &remote.slice(0..size as u64).unwrap())
+                .await;
             r.unwrap();
-            assert!(got[..] == pattern(size, 77)[..], "{p}: read from the peer differs");
+            assert!(
+                got[..] == pattern(size, 77)[..],
+                "{p}: read from the peer differs"
+            );
             // Echo.
             let echo = ep.recv(rt.alloc(70_000).unwrap());
             command(&rt, &ep, cmd::ECHO, 70_000, 0).await;
@@ -96,7 +108,9 @@ fn a_killed_peer_turns_pending_ops_into_errors_and_others_go_on() {
             assert!(waited < Duration::from_secs(10), "{p}: took {waited:?}");
             eprintln!("{p}: {errors} writes failed, all resolved {waited:?} after the kill");
             // New writes to the dead peer fail fast.
-            let (r, _) = ep.write_remote(rt.alloc(16).unwrap(), &remote.slice(0..16).unwrap()).await;
+            let (r, _) = ep
+                .write_remote(rt.alloc(16).unwrap(), &remote.slice(0..16).unwrap())
+                .await;
             assert!(r.unwrap_err().is_peer_lost(), "{p}");
             // The other peer is unaffected.
             let recv = from_rt.recv(other.alloc(16).unwrap());
@@ -121,7 +135,11 @@ fn a_restarted_peer_can_be_reached_again() {
                 let mut src = rt.alloc(4096).unwrap();
                 src.copy_from_slice(&pattern(4096, round));
                 ep.write_remote(src, &remote).await.0.unwrap();
-                assert_eq!(ask(&rt, &ep, cmd::HASH, 4096, 0).await, hash(&pattern(4096, round)), "{p} round {round}");
+                assert_eq!(
+                    ask(&rt, &ep, cmd::HASH, 4096, 0).await,
+                    hash(&pattern(4096, round)),
+                    "{p} round {round}"
+                );
                 drop(peer);
             }
         });

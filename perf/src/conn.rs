@@ -27,9 +27,23 @@ impl ServerChild {
             Engine::Raw => "raw",
         };
         let mut child = Command::new(std::env::current_exe()?)
-            .args([mode, "--server", "--listen", "127.0.0.1:0", "--provider", &a.provider, "--engine", engine])
+            .args([
+                mode,
+                "--server",
+                "--listen",
+                "127.0.0.1:0",
+                "--provider",
+                &a.provider,
+                "--engine",
+                engine,
+            ])
             .args(["--size", &a.size.to_string(), "--iters", &a.iters.to_string()])
-            .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
+            .args([
+                "--warmup",
+                &a.warmup.to_string(),
+                "--window",
+                &a.window.to_string(),
+            ])
             .stdout(Stdio::piped())
             .spawn()?;
         let mut out = BufReader::new(child.stdout.take().expect("piped"));
@@ -103,7 +117,10 @@ pub struct RtConn {
 }
 
 fn tokio_rt() -> Result<tokio::runtime::Runtime, BoxErr> {
-    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?)
 }
 
 fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
@@ -127,14 +144,22 @@ impl RtConn {
             std::io::stdout().flush()?;
             Ok::<_, BoxErr>(l.accept().await?)
         })?;
-        Ok(RtConn { _tokio: tokio, rt, ep })
+        Ok(RtConn {
+            _tokio: tokio,
+            rt,
+            ep,
+        })
     }
 
     pub fn client(a: &Common, addr: &str) -> Result<RtConn, BoxErr> {
         let tokio = tokio_rt()?;
         let rt = build_rt(a)?;
         let ep = tokio.block_on(rt.connect(addr.to_string()))?;
-        Ok(RtConn { _tokio: tokio, rt, ep })
+        Ok(RtConn {
+            _tokio: tokio,
+            rt,
+            ep,
+        })
     }
 }
 
@@ -196,7 +221,11 @@ impl RawConn {
 }
 
 /// Run `client` against the server: the given address, or a child process on loopback.
-pub fn with_server<T>(mode: &str, a: &Common, client: impl FnOnce(&str) -> Result<T, BoxErr>) -> Result<(T, Option<f64>), BoxErr> {
+pub fn with_server<T>(
+    mode: &str,
+    a: &Common,
+    client: impl FnOnce(&str) -> Result<T, BoxErr>,
+) -> Result<(T, Option<f64>), BoxErr> {
     match &a.connect {
         Some(addr) => Ok((client(addr)?, None)),
         None => {

@@ -35,7 +35,10 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     print(
         a.json,
-        &format!("lat: {} B send/recv ping-pong over {provider}, engine {:?}", a.size, a.engine),
+        &format!(
+            "lat: {} B send/recv ping-pong over {provider}, engine {:?}",
+            a.size, a.engine
+        ),
         &[
             ("bench", Val::S("lat".into())),
             ("provider", Val::S(provider)),
@@ -52,7 +55,12 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
     Ok(())
 }
 
-fn rt_side(c: &mut RtConn, a: &Common, client: bool, mut hist: Option<&mut Histogram<u64>>) -> Result<(), BoxErr> {
+fn rt_side(
+    c: &mut RtConn,
+    a: &Common,
+    client: bool,
+    mut hist: Option<&mut Histogram<u64>>,
+) -> Result<(), BoxErr> {
     let total = a.warmup + a.iters;
     let (rt, ep) = (&c.rt, &c.ep);
     let mut progress = Progress::new(client && !a.json, total);
@@ -124,7 +132,12 @@ fn post(c: &mut RawConn, id: u64, kind: WrKind, mem: usize, len: usize) -> Resul
     }
 }
 
-fn raw_side(c: &mut RawConn, a: &Common, client: bool, mut hist: Option<&mut Histogram<u64>>) -> Result<(), BoxErr> {
+fn raw_side(
+    c: &mut RawConn,
+    a: &Common,
+    client: bool,
+    mut hist: Option<&mut Histogram<u64>>,
+) -> Result<(), BoxErr> {
     let total = a.warmup + a.iters;
     let s = c.eng.alloc(a.size, Access::LOCAL)?;
     let r = c.eng.alloc(a.size, Access::LOCAL)?;
@@ -147,7 +160,11 @@ fn raw_side(c: &mut RawConn, a: &Common, client: bool, mut hist: Option<&mut His
         let mut recv = post(c, 1, WrKind::Recv, r, a.size)?;
         for i in 0..total {
             wait_for(c, recv.into_iter().collect(), &mut comps)?;
-            recv = if i + 1 < total { post(c, 1, WrKind::Recv, r, a.size)? } else { None };
+            recv = if i + 1 < total {
+                post(c, 1, WrKind::Recv, r, a.size)?
+            } else {
+                None
+            };
             let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
             wait_for(c, send.into_iter().collect(), &mut comps)?;
         }

@@ -32,30 +32,44 @@ pub struct Listener {
 impl Listener {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        self.tcp.local_addr().map_err(|e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e })
+        self.tcp.local_addr().map_err(|e| Error::Io {
+            op: OpKind::Accept,
+            peer: "-".into(),
+            source: e,
+        })
     }
 
     /// Wait for the next peer and complete the handshake with it. A peer that fails the
     /// handshake yields an error; the listener stays usable.
     pub async fn accept(&self) -> Result<Endpoint> {
-        let (stream, addr) = self
-            .tcp
-            .accept()
-            .await
-            .map_err(|e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e })?;
+        let (stream, addr) = self.tcp.accept().await.map_err(|e| Error::Io {
+            op: OpKind::Accept,
+            peer: "-".into(),
+            source: e,
+        })?;
         let limit = self.rt.connect_timeout();
-        with_timeout(OpKind::Accept, &addr.to_string(), limit, handshake(&self.rt, stream, addr, OpKind::Accept))
-            .await
+        with_timeout(
+            OpKind::Accept,
+            &addr.to_string(),
+            limit,
+            handshake(&self.rt, stream, addr, OpKind::Accept),
+        )
+        .await
     }
 }
 
 impl Runtime {
     /// Listen for peers on `addr` (`"127.0.0.1:0"` picks a port).
     pub async fn listen(&self, addr: impl ToSocketAddrs) -> Result<Listener> {
-        let tcp = TcpListener::bind(addr)
-            .await
-            .map_err(|e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e })?;
-        Ok(Listener { rt: self.clone(), tcp })
+        let tcp = TcpListener::bind(addr).await.map_err(|e| Error::Io {
+            op: OpKind::Accept,
+            peer: "-".into(),
+            source: e,
+        })?;
+        Ok(Listener {
+            rt: self.clone(),
+            tcp,
+        })
     }
 
     /// Connect to a listening peer; fails within the connect timeout when nobody answers.
@@ -63,20 +77,35 @@ impl Runtime {
         let label = addr.to_string();
         let limit = self.connect_timeout();
         with_timeout(OpKind::Connect, &label, limit, async {
-            let stream = TcpStream::connect(addr)
-                .await
-                .map_err(|e| Error::Io { op: OpKind::Connect, peer: label.clone(), source: e })?;
-            let peer = stream.peer_addr().map_err(|e| Error::Io { op: OpKind::Connect, peer: label.clone(), source: e })?;
+            let stream = TcpStream::connect(addr).await.map_err(|e| Error::Io {
+                op: OpKind::Connect,
+                peer: label.clone(),
+                source: e,
+            })?;
+            let peer = stream.peer_addr().map_err(|e| Error::Io {
+                op: OpKind::Connect,
+                peer: label.clone(),
+                source: e,
+            })?;
             handshake(self, stream, peer, OpKind::Connect).await
         })
         .await
     }
 }
 
-async fn with_timeout<T>(op: OpKind, peer: &str, limit: Duration, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+async fn with_timeout<T>(
+    op: OpKind,
+    peer: &str,
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => r,
-        Err(_) => Err(Error::Timeout { op, peer: peer.to_string(), after_ms: limit.as_millis() as u64 }),
+        Err(_) => Err(Error::Timeout {
+            op,
+            peer: peer.to_string(),
+            after_ms: limit.as_millis() as u64,
+        }),
     }
 }
 
@@ -95,7 +124,9 @@ fn encode(h: &Hello) -> Vec<u8> {
 /// Read one hello, refusing anything malformed before allocating more than `MAX_FIELD`.
 async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
     let mut head = [0u8; 14];
-    s.read_exact(&mut head).await.map_err(|e| format!("reading hello: {e}"))?;
+    s.read_exact(&mut head)
+        .await
+        .map_err(|e| format!("reading hello: {e}"))?;
     if &head[0..4] != MAGIC {
         return Err("not an rdmalane peer (bad magic)".into());
     }
@@ -112,25 +143,42 @@ async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
 
 async fn read_field(s: &mut TcpStream, max: usize) -> std::result::Result<Vec<u8>, String> {
     let mut len = [0u8; 2];
-    s.read_exact(&mut len).await.map_err(|e| format!("reading hello: {e}"))?;
+    s.read_exact(&mut len)
+        .await
+        .map_err(|e| format!("reading hello: {e}"))?;
     let len = u16::from_le_bytes(len) as usize;
     if len > max {
         return Err(format!("field of {len} bytes exceeds the limit of {max}"));
     }
     let mut v = vec![0u8; len];
-    s.read_exact(&mut v).await.map_err(|e| format!("reading hello: {e}"))?;
+    s.read_exact(&mut v)
+        .await
+        .map_err(|e| format!("reading hello: {e}"))?;
     Ok(v)
 }
 
 async fn handshake(rt: &Runtime, mut s: TcpStream, addr: SocketAddr, op: OpKind) -> Result<Endpoint> {
     let peer = addr.to_string();
-    let fail = |reason: String| Error::Handshake { op, peer: peer.clone(), reason };
+    let fail = |reason: String| Error::Handshake {
+        op,
+        peer: peer.clone(),
+        reason,
+    };
     let _ = s.set_nodelay(true);
-    let me = Hello { id: rt.id(), provider: rt.provider().to_string(), name: rt.local_name() };
-    s.write_all(&encode(&me)).await.map_err(|e| fail(format!("sending hello: {e}")))?;
+    let me = Hello {
+        id: rt.id(),
+        provider: rt.provider().to_string(),
+        name: rt.local_name(),
+    };
+    s.write_all(&encode(&me))
+        .await
+        .map_err(|e| fail(format!("sending hello: {e}")))?;
     let them = read_hello(&mut s).await.map_err(&fail)?;
     if them.provider != me.provider {
-        return Err(fail(format!("peer uses provider {:?}, this runtime {:?}", them.provider, me.provider)));
+        return Err(fail(format!(
+            "peer uses provider {:?}, this runtime {:?}",
+            them.provider, me.provider
+        )));
     }
     if them.id == me.id {
         return Err(fail("peer has this runtime's id (connected to itself?)".into()));

@@ -34,7 +34,13 @@ impl Endpoint {
         label: String,
         watch: Option<tokio::task::JoinHandle<()>>,
     ) -> Endpoint {
-        Endpoint { rt, slot, peer_id, label, _watch: watch }
+        Endpoint {
+            rt,
+            slot,
+            peer_id,
+            label,
+            _watch: watch,
+        }
     }
 
     /// The peer runtime's id (descriptors it exposes carry it).
@@ -108,7 +114,11 @@ impl Endpoint {
         let (remote_addr, key) = (remote.addr(), remote.key());
         let kind = match op {
             OpKind::Read => WrKind::Read { remote_addr, key },
-            _ => WrKind::Write { remote_addr, key, imm },
+            _ => WrKind::Write {
+                remote_addr,
+                key,
+                imm,
+            },
         };
         self.submit(op, buf, kind)
     }
@@ -117,7 +127,11 @@ impl Endpoint {
         if remote.owner() != self.peer_id {
             return Err(Error::invalid(
                 op,
-                format!("descriptor belongs to runtime {:x}, not to peer {}", remote.owner(), self.label),
+                format!(
+                    "descriptor belongs to runtime {:x}, not to peer {}",
+                    remote.owner(),
+                    self.label
+                ),
             ));
         }
         let allowed = match op {
@@ -125,7 +139,10 @@ impl Endpoint {
             _ => remote.access().remote_write,
         };
         if !allowed {
-            return Err(Error::invalid(op, format!("the peer did not expose this region for {op}")));
+            return Err(Error::invalid(
+                op,
+                format!("the peer did not expose this region for {op}"),
+            ));
         }
         Ok(())
     }
@@ -152,7 +169,13 @@ impl Endpoint {
     fn submit<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
         let seg = buf.seg();
         let cell = OpCell::new(buf);
-        self.rt.submit(OpReq { peer: self.slot, op, kind, seg, cell: cell.clone() });
+        self.rt.submit(OpReq {
+            peer: self.slot,
+            op,
+            kind,
+            seg,
+            cell: cell.clone(),
+        });
         Op::pending(cell, len_of)
     }
 }

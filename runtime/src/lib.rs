@@ -14,8 +14,8 @@
 //!
 //! Backends implement [`Transport`]: `rdmalane-efa` (libfabric: efa, shm, tcp;ofi_rxm) and
 //! `rdmalane-verbs`.
-pub mod buf;
 mod bootstrap;
+pub mod buf;
 mod endpoint;
 mod error;
 mod imm;

@@ -34,7 +34,13 @@ pub(crate) struct OpCell<B> {
 
 impl<B: Send> OpCell<B> {
     pub(crate) fn new(buf: B) -> Arc<OpCell<B>> {
-        Arc::new(OpCell { state: Mutex::new(State { waker: None, result: None, buf: Some(buf) }) })
+        Arc::new(OpCell {
+            state: Mutex::new(State {
+                waker: None,
+                result: None,
+                buf: Some(buf),
+            }),
+        })
     }
 }
 
@@ -73,11 +79,17 @@ pub(crate) fn len_of(d: Done) -> usize {
 
 impl<B: Send, T> Op<B, T> {
     pub(crate) fn pending(cell: Arc<OpCell<B>>, map: fn(Done) -> T) -> Op<B, T> {
-        Op { inner: Inner::Pending(cell), map }
+        Op {
+            inner: Inner::Pending(cell),
+            map,
+        }
     }
 
     pub(crate) fn failed(err: Error, buf: B, map: fn(Done) -> T) -> Op<B, T> {
-        Op { inner: Inner::Ready(Some((Err(err), buf))), map }
+        Op {
+            inner: Inner::Ready(Some((Err(err), buf))),
+            map,
+        }
     }
 }
 

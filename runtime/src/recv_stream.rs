@@ -60,13 +60,20 @@ impl Endpoint {
     /// arrive.
     pub fn recv_stream(&self, count: usize, size: usize) -> Result<RecvStream<'_>> {
         if count == 0 {
-            return Err(Error::invalid(OpKind::Recv, "a receive pool needs at least one buffer"));
+            return Err(Error::invalid(
+                OpKind::Recv,
+                "a receive pool needs at least one buffer",
+            ));
         }
         let posted = FuturesUnordered::new();
         for _ in 0..count {
             posted.push(self.recv(self.runtime().alloc(size)?));
         }
-        Ok(RecvStream { ep: self, posted, returned: Arc::default() })
+        Ok(RecvStream {
+            ep: self,
+            posted,
+            returned: Arc::default(),
+        })
     }
 }
 
@@ -74,15 +81,18 @@ impl Stream for RecvStream<'_> {
     type Item = Result<RecvMsg>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let back: Vec<RegisteredBuf> = std::mem::take(&mut *self.returned.lock().unwrap_or_else(|p| p.into_inner()));
+        let back: Vec<RegisteredBuf> =
+            std::mem::take(&mut *self.returned.lock().unwrap_or_else(|p| p.into_inner()));
         for b in back {
             let op = self.ep.recv(b);
             self.posted.push(op);
         }
         match self.posted.poll_next_unpin(cx) {
-            Poll::Ready(Some((Ok(len), buf))) => {
-                Poll::Ready(Some(Ok(RecvMsg { buf: Some(buf), len, home: self.returned.clone() })))
-            }
+            Poll::Ready(Some((Ok(len), buf))) => Poll::Ready(Some(Ok(RecvMsg {
+                buf: Some(buf),
+                len,
+                home: self.returned.clone(),
+            }))),
             Poll::Ready(Some((Err(e), buf))) => {
                 // Keep the pool whole unless the peer is gone.
                 if !e.is_peer_lost() && !matches!(e, Error::Shutdown { .. }) {

@@ -49,7 +49,10 @@ impl Default for Builder {
             config: TransportConfig::default(),
             core: None,
             driver: Driver::Thread,
-            idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(2) },
+            idle: IdlePolicy {
+                spin: Duration::from_micros(200),
+                max_sleep: Duration::from_millis(2),
+            },
             connect_timeout: Duration::from_secs(5),
             peer_grace: Duration::from_secs(2),
         }
@@ -110,7 +113,10 @@ impl Builder {
     /// Open the transport and start the reactor.
     pub fn build(self) -> Result<Runtime> {
         let backend = self.backend.ok_or_else(|| {
-            Error::invalid(OpKind::Open, "no backend: call .backend(rdmalane_efa::Libfabric::default())")
+            Error::invalid(
+                OpKind::Open,
+                "no backend: call .backend(rdmalane_efa::Libfabric::default())",
+            )
         })?;
         let mut config = self.config;
         if config.provider.is_none() {
@@ -119,7 +125,9 @@ impl Builder {
         if config.node.is_none() {
             config.node = std::env::var("RDMALANE_NODE").ok().filter(|s| !s.is_empty());
         }
-        let core = self.core.or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
+        let core = self
+            .core
+            .or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
         config.no_wait_object = self.driver == Driver::Inline;
         let transport = backend.open(&config)?;
         let caps = transport.caps().clone();
@@ -133,8 +141,11 @@ impl Builder {
         let (inline, thread) = match self.driver {
             Driver::Inline => (Some(Mutex::new(reactor)), None),
             Driver::Thread => {
-                let h = thread::spawn(reactor, core, idle.clone(), self.idle)
-                    .map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?;
+                let h = thread::spawn(reactor, core, idle.clone(), self.idle).map_err(|e| Error::Io {
+                    op: OpKind::Open,
+                    peer: "-".into(),
+                    source: e,
+                })?;
                 (None, Some(h))
             }
         };
@@ -179,7 +190,9 @@ impl Drop for Inner {
         self.idle.shutdown.store(true, Ordering::SeqCst);
         self.notifier.notify();
         if let Some(r) = &mut self.inline {
-            r.get_mut().unwrap_or_else(|p| p.into_inner()).shutdown(Duration::from_secs(2));
+            r.get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .shutdown(Duration::from_secs(2));
         }
         let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         // The last handle can be dropped on the reactor thread itself (a buffer freed by a
@@ -201,7 +214,10 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("id", &self.inner.id).field("provider", &self.inner.caps.provider).finish()
+        f.debug_struct("Runtime")
+            .field("id", &self.inner.id)
+            .field("provider", &self.inner.caps.provider)
+            .finish()
     }
 }
 
@@ -253,7 +269,9 @@ impl Runtime {
 
     /// The next immediate value a peer's `write_with_imm` raised here.
     pub fn next_imm(&self) -> NextImm {
-        NextImm { q: self.inner.imm.clone() }
+        NextImm {
+            q: self.inner.imm.clone(),
+        }
     }
 
     /// An immediate event if one has arrived.
@@ -341,22 +359,39 @@ impl Runtime {
     }
 
     pub(crate) fn register_region(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
-        self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
-            .map_err(|e| Error::from_transport(op, "-", e))
+        let op = if access.is_remote() {
+            OpKind::Expose
+        } else {
+            OpKind::Register
+        };
+        self.call(op, |reply| Cmd::Register {
+            ptr: ptr as usize,
+            len,
+            access,
+            reply,
+        })?
+        .map_err(|e| Error::from_transport(op, "-", e))
     }
 
     /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration.
     pub(crate) fn release_region(&self, id: u64, keep: Option<Box<dyn std::any::Any + Send>>) {
-        if let Err(Cmd::Deregister { keep, .. }) = self.send(Cmd::Deregister { id, keep, reply: None }) {
+        if let Err(Cmd::Deregister { keep, .. }) = self.send(Cmd::Deregister {
+            id,
+            keep,
+            reply: None,
+        }) {
             // The reactor is gone and the transport with it: nothing can reach the memory now.
             drop(keep);
         }
     }
 
     pub(crate) fn deregister_now(&self, id: u64) -> Result<()> {
-        self.call(OpKind::Expose, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })?
-            .map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e))
+        self.call(OpKind::Expose, |reply| Cmd::Deregister {
+            id,
+            keep: None,
+            reply: Some(reply),
+        })?
+        .map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e))
     }
 
     pub(crate) fn add_peer(&self, name: Vec<u8>, label: String) -> Result<usize> {

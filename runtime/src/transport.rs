@@ -20,13 +20,25 @@ pub struct Access {
 
 impl Access {
     /// Local use only: sends, receives, sources and targets of our own one-sided ops.
-    pub const LOCAL: Access = Access { remote_read: false, remote_write: false };
+    pub const LOCAL: Access = Access {
+        remote_read: false,
+        remote_write: false,
+    };
     /// Peers may read it.
-    pub const READ: Access = Access { remote_read: true, remote_write: false };
+    pub const READ: Access = Access {
+        remote_read: true,
+        remote_write: false,
+    };
     /// Peers may write it.
-    pub const WRITE: Access = Access { remote_read: false, remote_write: true };
+    pub const WRITE: Access = Access {
+        remote_read: false,
+        remote_write: true,
+    };
     /// Peers may read and write it.
-    pub const READ_WRITE: Access = Access { remote_read: true, remote_write: true };
+    pub const READ_WRITE: Access = Access {
+        remote_read: true,
+        remote_write: true,
+    };
 
     /// True when peers get any access.
     pub fn is_remote(self) -> bool {

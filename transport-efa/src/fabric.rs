@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdmalane::transport::{
-    Access, Caps, Completion, LocalSeg, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport, WorkRequest,
-    WrKind,
+    Access, Caps, Completion, LocalSeg, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
+    WorkRequest, WrKind,
 };
 use rdmalane::{Error, OpKind, Result, TransportError};
 use slab::Slab;
@@ -44,6 +44,8 @@ pub struct FabricTransport {
     key_mask: u64,
     delivery_complete: bool,
     mrs: Slab<*mut ffi::fid_mr>,
+    // Boxed: the provider holds their addresses while requests are posted, and the Vec grows.
+    #[allow(clippy::vec_box)]
     ctxs: Vec<Box<Ctx>>,
     cq_fd: Option<i32>,
     efd: Arc<EventFd>,
@@ -59,7 +61,11 @@ fn check(ret: impl Into<i64>, prov: &str, what: &str) -> Result<()> {
     if ret == 0 {
         Ok(())
     } else {
-        Err(Error::Transport { op: OpKind::Open, peer: "-".into(), source: terr(prov, ret, what) })
+        Err(Error::Transport {
+            op: OpKind::Open,
+            peer: "-".into(),
+            source: terr(prov, ret, what),
+        })
     }
 }
 
@@ -118,7 +124,11 @@ impl FabricTransport {
             mrs: Slab::new(),
             ctxs: Vec::new(),
             cq_fd: None,
-            efd: Arc::new(EventFd::new().map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?),
+            efd: Arc::new(EventFd::new().map_err(|e| Error::Io {
+                op: OpKind::Open,
+                peer: "-".into(),
+                source: e,
+            })?),
             entries: vec![ffi::fi_cq_data_entry::default(); CQ_BATCH],
         };
         // SAFETY: `info` is the first entry of a list fi_getinfo returned, kept alive in
@@ -140,8 +150,16 @@ impl FabricTransport {
             // FI_DELIVERY_COMPLETE is the data at the target. shm and efa place data first.
             t.delivery_complete = !(prov == "shm" || prov == "efa");
 
-            check(ffi::fi_fabric(i.fabric_attr, &mut t.fabric, ptr::null_mut()), prov, "fi_fabric")?;
-            check(ffi::fi_domain(t.fabric, info, &mut t.domain, ptr::null_mut()), prov, "fi_domain")?;
+            check(
+                ffi::fi_fabric(i.fabric_attr, &mut t.fabric, ptr::null_mut()),
+                prov,
+                "fi_fabric",
+            )?;
+            check(
+                ffi::fi_domain(t.fabric, info, &mut t.domain, ptr::null_mut()),
+                prov,
+                "fi_domain",
+            )?;
 
             let mut cq_attr = ffi::fi_cq_attr {
                 format: ffi::fi_cq_format_FI_CQ_FORMAT_DATA,
@@ -151,7 +169,11 @@ impl FabricTransport {
             };
             if wait_fd && ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()) == 0 {
                 let mut fd: i32 = -1;
-                let r = ffi::fi_control(&mut (*t.cq).fid, ffi::FI_GETWAIT as i32, &mut fd as *mut i32 as *mut _);
+                let r = ffi::fi_control(
+                    &mut (*t.cq).fid,
+                    ffi::FI_GETWAIT as i32,
+                    &mut fd as *mut i32 as *mut _,
+                );
                 if r == 0 && fd >= 0 {
                     t.cq_fd = Some(fd);
                 }
@@ -160,13 +182,29 @@ impl FabricTransport {
                 // backs off with short sleeps instead.
                 t.cq = ptr::null_mut();
                 cq_attr.wait_obj = ffi::fi_wait_obj_FI_WAIT_NONE;
-                check(ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()), prov, "fi_cq_open")?;
+                check(
+                    ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()),
+                    prov,
+                    "fi_cq_open",
+                )?;
             }
             t.caps.wait_fd = t.cq_fd.is_some();
 
-            let mut av_attr = ffi::fi_av_attr { type_: ffi::fi_av_type_FI_AV_TABLE, count: 64, ..Default::default() };
-            check(ffi::fi_av_open(t.domain, &mut av_attr, &mut t.av, ptr::null_mut()), prov, "fi_av_open")?;
-            check(ffi::fi_endpoint(t.domain, info, &mut t.ep, ptr::null_mut()), prov, "fi_endpoint")?;
+            let mut av_attr = ffi::fi_av_attr {
+                type_: ffi::fi_av_type_FI_AV_TABLE,
+                count: 64,
+                ..Default::default()
+            };
+            check(
+                ffi::fi_av_open(t.domain, &mut av_attr, &mut t.av, ptr::null_mut()),
+                prov,
+                "fi_av_open",
+            )?;
+            check(
+                ffi::fi_endpoint(t.domain, info, &mut t.ep, ptr::null_mut()),
+                prov,
+                "fi_endpoint",
+            )?;
             check(ffi::fi_ep_bind(t.ep, &mut (*t.av).fid, 0), prov, "fi_ep_bind(av)")?;
             check(
                 ffi::fi_ep_bind(t.ep, &mut (*t.cq).fid, (ffi::FI_TRANSMIT | ffi::FI_RECV) as u64),
@@ -194,7 +232,10 @@ impl FabricTransport {
         let i = id as usize;
         while self.ctxs.len() <= i {
             let id = self.ctxs.len() as u64;
-            self.ctxs.push(Box::new(Ctx { fi: ffi::fi_context2::default(), id }));
+            self.ctxs.push(Box::new(Ctx {
+                fi: ffi::fi_context2::default(),
+                id,
+            }));
         }
         &mut *self.ctxs[i] as *mut Ctx as *mut _
     }
@@ -220,7 +261,11 @@ impl FabricTransport {
         let status = TransportError {
             provider: self.caps.provider.clone(),
             errno: e.err,
-            text: format!("{} (provider: {prov_text}, prov_errno {})", fi_error(e.err), e.prov_errno),
+            text: format!(
+                "{} (provider: {prov_text}, prov_errno {})",
+                fi_error(e.err),
+                e.prov_errno
+            ),
             class: classify(e.err),
         };
         if e.op_context.is_null() {
@@ -229,7 +274,12 @@ impl FabricTransport {
         }
         // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
         let id = unsafe { (*(e.op_context as *const Ctx)).id };
-        out.push(Completion::Op { id, len: 0, imm: None, status: Err(status) });
+        out.push(Completion::Op {
+            id,
+            len: 0,
+            imm: None,
+            status: Err(status),
+        });
     }
 }
 
@@ -257,9 +307,21 @@ impl Transport for FabricTransport {
         let mut addr: ffi::fi_addr_t = 0;
         // SAFETY: `name` is a peer address of this provider's format (the handshake checked the
         // provider); libfabric copies it.
-        let n = unsafe { ffi::fi_av_insert(self.av, name.as_ptr() as *const _, 1, &mut addr, 0, ptr::null_mut()) };
+        let n = unsafe {
+            ffi::fi_av_insert(
+                self.av,
+                name.as_ptr() as *const _,
+                1,
+                &mut addr,
+                0,
+                ptr::null_mut(),
+            )
+        };
         if n != 1 {
-            return Err(self.err(if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) }, "fi_av_insert"));
+            return Err(self.err(
+                if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) },
+                "fi_av_insert",
+            ));
         }
         Ok(addr)
     }
@@ -273,10 +335,20 @@ impl Transport for FabricTransport {
         }
     }
 
-    unsafe fn register(&mut self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion, TransportError> {
+    unsafe fn register(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, TransportError> {
         let local = self.mr_mode & ffi::FI_MR_LOCAL != 0;
         if !access.is_remote() && !local {
-            return Ok(MemoryRegion { id: NO_MR, desc: 0, key: 0, remote_base: 0 });
+            return Ok(MemoryRegion {
+                id: NO_MR,
+                desc: 0,
+                key: 0,
+                remote_base: 0,
+            });
         }
         let mut acs = (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64;
         if access.remote_read {
@@ -290,9 +362,25 @@ impl Transport for FabricTransport {
         // Random keys where we choose them: never a guessable counter. Retry on collision.
         let mut tries = 0;
         loop {
-            let key = if prov_key { 0 } else { rand::random::<u64>() & self.key_mask };
+            let key = if prov_key {
+                0
+            } else {
+                rand::random::<u64>() & self.key_mask
+            };
             // SAFETY: the caller keeps [ptr, ptr+len) allocated until deregister.
-            let r = unsafe { ffi::fi_mr_reg(self.domain, ptr as *const _, len, acs, 0, key, 0, &mut mr, ptr::null_mut()) };
+            let r = unsafe {
+                ffi::fi_mr_reg(
+                    self.domain,
+                    ptr as *const _,
+                    len,
+                    acs,
+                    0,
+                    key,
+                    0,
+                    &mut mr,
+                    ptr::null_mut(),
+                )
+            };
             if r == 0 {
                 break;
             }
@@ -304,8 +392,12 @@ impl Transport for FabricTransport {
         if self.mr_mode & ffi::FI_MR_ENDPOINT != 0 {
             // SAFETY: binding a fresh MR to our endpoint, then enabling it.
             let r = unsafe { ffi::fi_mr_bind(mr, &mut (*self.ep).fid, 0) };
-            // SAFETY: as above.
-            let r = if r == 0 { unsafe { ffi::fi_mr_enable(mr) } } else { r };
+            let r = if r == 0 {
+                // SAFETY: enabling the MR just bound to our endpoint.
+                unsafe { ffi::fi_mr_enable(mr) }
+            } else {
+                r
+            };
             if r != 0 {
                 // SAFETY: closing the MR we just opened.
                 unsafe { ffi::fi_close(&mut (*mr).fid) };
@@ -314,9 +406,18 @@ impl Transport for FabricTransport {
         }
         // SAFETY: mr is a valid, open registration.
         let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
-        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 { ptr as u64 } else { 0 };
+        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 {
+            ptr as u64
+        } else {
+            0
+        };
         let id = self.mrs.insert(mr) as u64;
-        Ok(MemoryRegion { id, desc, key, remote_base })
+        Ok(MemoryRegion {
+            id,
+            desc,
+            key,
+            remote_base,
+        })
     }
 
     fn deregister(&mut self, id: u64) -> Result<(), TransportError> {
@@ -335,14 +436,22 @@ impl Transport for FabricTransport {
     }
 
     unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
-        let mut iov = [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; 4];
+        let mut iov = [libc::iovec {
+            iov_base: ptr::null_mut(),
+            iov_len: 0,
+        }; 4];
         let mut desc = [ptr::null_mut::<std::ffi::c_void>(); 4];
         let n = wr.local.len();
         if n == 0 || n > iov.len().min(self.caps.iov_limit) {
-            return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "scatter list length")));
+            return Err(PostError::Failed(
+                self.err(-(ffi::FI_EINVAL as i64), "scatter list length"),
+            ));
         }
         for (k, LocalSeg { ptr, len, desc: d }) in wr.local.iter().enumerate() {
-            iov[k] = libc::iovec { iov_base: *ptr as *mut _, iov_len: *len };
+            iov[k] = libc::iovec {
+                iov_base: *ptr as *mut _,
+                iov_len: *len,
+            };
             desc[k] = *d as *mut _;
         }
         let total: usize = wr.local.iter().map(|s| s.len).sum();
@@ -350,21 +459,41 @@ impl Transport for FabricTransport {
         let more = if wr.more { ffi::FI_MORE as u64 } else { 0 };
         let mut flags = ffi::FI_COMPLETION as u64 | more;
         let ret = match wr.kind {
-            WrKind::Write { remote_addr, key, imm } => {
+            WrKind::Write {
+                remote_addr,
+                key,
+                imm,
+            } => {
                 if imm.is_some() {
                     flags |= ffi::FI_REMOTE_CQ_DATA as u64;
                 }
                 if self.delivery_complete {
                     flags |= ffi::FI_DELIVERY_COMPLETE as u64;
                 }
-                let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
-                let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, imm.unwrap_or(0));
+                let mut rma = ffi::fi_rma_iov {
+                    addr: remote_addr,
+                    len: total,
+                    key,
+                };
+                let msg = rma_msg(
+                    &mut iov,
+                    &mut desc,
+                    n,
+                    wr.peer,
+                    &mut rma,
+                    context,
+                    imm.unwrap_or(0),
+                );
                 // SAFETY: the caller keeps the local memory valid until the completion; msg and
                 // its arrays live for the call (libfabric copies what it keeps).
                 unsafe { ffi::fi_writemsg(self.ep, &msg, flags) }
             }
             WrKind::Read { remote_addr, key } => {
-                let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
+                let mut rma = ffi::fi_rma_iov {
+                    addr: remote_addr,
+                    len: total,
+                    key,
+                };
                 let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, 0);
                 // SAFETY: as for writes; the memory is ours alone until the completion.
                 unsafe { ffi::fi_readmsg(self.ep, &msg, flags) }
@@ -435,7 +564,10 @@ impl Transport for FabricTransport {
             for e in &self.entries[..r as usize] {
                 if e.flags & ffi::FI_REMOTE_WRITE as u64 != 0 {
                     if e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0 {
-                        out.push(Completion::RemoteWrite { imm: e.data, len: e.len });
+                        out.push(Completion::RemoteWrite {
+                            imm: e.data,
+                            len: e.len,
+                        });
                     }
                     continue;
                 }
@@ -445,7 +577,12 @@ impl Transport for FabricTransport {
                 // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
                 let id = unsafe { (*(e.op_context as *const Ctx)).id };
                 let imm = (e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0).then_some(e.data);
-                out.push(Completion::Op { id, len: e.len, imm, status: Ok(()) });
+                out.push(Completion::Op {
+                    id,
+                    len: e.len,
+                    imm,
+                    status: Ok(()),
+                });
             }
         } else if r == -(ffi::FI_EAVAIL as isize) {
             self.cq_error(out);

@@ -32,7 +32,11 @@ pub struct Libfabric;
 
 impl Backend for Libfabric {
     fn open(&self, config: &TransportConfig) -> rdmalane::Result<Box<dyn Transport>> {
-        let t = FabricTransport::open(config.provider.as_deref(), config.node.as_deref(), !config.no_wait_object)?;
+        let t = FabricTransport::open(
+            config.provider.as_deref(),
+            config.node.as_deref(),
+            !config.no_wait_object,
+        )?;
         Ok(Box::new(t))
     }
 }

@@ -4,7 +4,9 @@
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
-use rdmalane::transport::{Access, Completion, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport};
+use rdmalane::transport::{
+    Access, Completion, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport,
+};
 use rdmalane::transport::{WorkRequest, WrKind};
 use rdmalane::{Error, OpKind, Result};
 
@@ -29,7 +31,10 @@ unsafe impl Send for RawEngine {}
 impl RawEngine {
     /// Open `provider` as the runtime would.
     pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<RawEngine> {
-        Ok(RawEngine { t: FabricTransport::open(provider, node, false)?, mems: Vec::new() })
+        Ok(RawEngine {
+            t: FabricTransport::open(provider, node, false)?,
+            mems: Vec::new(),
+        })
     }
 
     /// The underlying transport's capabilities.
@@ -44,7 +49,11 @@ impl RawEngine {
 
     /// Insert a peer's address.
     pub fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr> {
-        self.t.insert_peer(name).map_err(|e| Error::Transport { op: OpKind::Connect, peer: "-".into(), source: e })
+        self.t.insert_peer(name).map_err(|e| Error::Transport {
+            op: OpKind::Connect,
+            peer: "-".into(),
+            source: e,
+        })
     }
 
     /// Allocate and register `len` zeroed bytes; returns the buffer's index.
@@ -61,7 +70,11 @@ impl RawEngine {
             Err(e) => {
                 // SAFETY: allocated just above with this layout.
                 unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
-                return Err(Error::Transport { op: OpKind::Register, peer: "-".into(), source: e });
+                return Err(Error::Transport {
+                    op: OpKind::Register,
+                    peer: "-".into(),
+                    source: e,
+                });
             }
         };
         self.mems.push(RawMem { ptr, layout, mr });
@@ -88,13 +101,31 @@ impl RawEngine {
         if off.checked_add(len).is_none_or(|e| e > m.layout.size()) {
             return Err(bad("range outside the buffer"));
         }
-        Ok(LocalSeg { ptr: m.ptr.as_ptr().wrapping_add(off), len, desc: m.mr.desc })
+        Ok(LocalSeg {
+            ptr: m.ptr.as_ptr().wrapping_add(off),
+            len,
+            desc: m.mr.desc,
+        })
     }
 
     /// Post one work request on `len` bytes at `off` of buffer `mem`.
-    pub fn post(&mut self, id: u64, peer: PeerAddr, kind: WrKind, mem: usize, off: usize, len: usize) -> Result<Posted, PostError> {
+    pub fn post(
+        &mut self,
+        id: u64,
+        peer: PeerAddr,
+        kind: WrKind,
+        mem: usize,
+        off: usize,
+        len: usize,
+    ) -> Result<Posted, PostError> {
         let seg = self.seg(mem, off, len)?;
-        let wr = WorkRequest { id, peer, kind, local: std::slice::from_ref(&seg), more: false };
+        let wr = WorkRequest {
+            id,
+            peer,
+            kind,
+            local: std::slice::from_ref(&seg),
+            more: false,
+        };
         // SAFETY: the memory belongs to the engine and outlives the endpoint (see field order).
         unsafe { self.t.post(&wr) }
     }

@@ -9,13 +9,24 @@ use crate::ffi;
 pub(crate) fn fi_error(ret: impl Into<i64>) -> String {
     let code = ret.into().unsigned_abs() as i32;
     // SAFETY: fi_strerror returns a static string for any code.
-    unsafe { CStr::from_ptr(ffi::fi_strerror(code)).to_string_lossy().into_owned() }
+    unsafe {
+        CStr::from_ptr(ffi::fi_strerror(code))
+            .to_string_lossy()
+            .into_owned()
+    }
 }
 
 /// Read an errno as the runtime should treat it.
+// The casts look redundant on 1.17's bindings; bindgen picks other integer types for these
+// constants in other header versions.
+#[allow(clippy::unnecessary_cast)]
 pub(crate) fn classify(errno: i32) -> FailureClass {
     let e = errno as u32;
-    if e == (ffi::FI_EACCES as u32) || e == (ffi::FI_EKEYREJECTED as u32) || e == (ffi::FI_EPERM as u32) || e == (ffi::FI_EREMOTEIO as u32) {
+    if e == (ffi::FI_EACCES as u32)
+        || e == (ffi::FI_EKEYREJECTED as u32)
+        || e == (ffi::FI_EPERM as u32)
+        || e == (ffi::FI_EREMOTEIO as u32)
+    {
         FailureClass::RemoteAccess
     } else if e == (ffi::FI_ECONNRESET as u32)
         || e == (ffi::FI_ECONNREFUSED as u32)

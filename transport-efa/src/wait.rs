@@ -21,10 +21,18 @@ impl EventFd {
     /// Sleep until one of `fds` or the eventfd is readable, or `timeout` passes; drains the
     /// eventfd.
     pub(crate) fn wait(&self, fds: &[i32], timeout: Duration) {
-        let mut pfds = [libc::pollfd { fd: self.0, events: libc::POLLIN, revents: 0 }; 2];
+        let mut pfds = [libc::pollfd {
+            fd: self.0,
+            events: libc::POLLIN,
+            revents: 0,
+        }; 2];
         let mut n = 1;
         if let Some(&fd) = fds.first() {
-            pfds[1] = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            pfds[1] = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
             n = 2;
         }
         let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;

@@ -39,7 +39,12 @@ pub(crate) enum Cmd {
         reply: Reply<Result<usize, TransportError>>,
     },
     /// The endpoint handle is gone: forget the peer once its ops are done.
-    RemovePeer { slot: usize },
+    RemovePeer {
+        slot: usize,
+    },
     /// The control connection to the peer broke: fail what is pending.
-    PeerLost { slot: usize, reason: String },
+    PeerLost {
+        slot: usize,
+        reason: String,
+    },
 }

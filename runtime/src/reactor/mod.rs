@@ -59,7 +59,11 @@ pub(crate) struct Reactor {
 
 /// Complete an op cell and count the outcome.
 fn resolve(counters: &Counters, cell: &Arc<dyn Complete>, res: Result<Done, Error>) {
-    Counters::add(if res.is_ok() { &counters.completed } else { &counters.failed });
+    Counters::add(if res.is_ok() {
+        &counters.completed
+    } else {
+        &counters.failed
+    });
     cell.complete(res);
 }
 
@@ -141,7 +145,12 @@ impl Reactor {
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Op(req) => self.queue.push_back(req),
-            Cmd::Register { ptr, len, access, reply } => {
+            Cmd::Register {
+                ptr,
+                len,
+                access,
+                reply,
+            } => {
                 Counters::add(&self.counters.registrations);
                 let _ = reply.send(lease::register(self.t.as_mut(), ptr as *mut u8, len, access));
             }
@@ -157,7 +166,14 @@ impl Reactor {
             }
             Cmd::AddPeer { name, label, reply } => {
                 let res = self.t.insert_peer(&name).map(|addr| {
-                    self.peers.insert(Peer { addr, label, lost: None, closing: false, inflight: 0, in_av: true })
+                    self.peers.insert(Peer {
+                        addr,
+                        label,
+                        lost: None,
+                        closing: false,
+                        inflight: 0,
+                        in_av: true,
+                    })
                 });
                 let _ = reply.send(res);
             }
@@ -183,7 +199,11 @@ impl Reactor {
                 p.lost = Some((reason.clone(), Instant::now()));
                 let label = p.label.clone();
                 self.lost_peers += 1;
-                self.fail_queued(slot, |op| Error::PeerLost { op, peer: label.clone(), reason: reason.clone() });
+                self.fail_queued(slot, |op| Error::PeerLost {
+                    op,
+                    peer: label.clone(),
+                    reason: reason.clone(),
+                });
                 // Receives would wait for the peer forever; sends and writes get a grace period
                 // to fail on their own (see expire_lost).
                 self.cancel_posted(slot, true);
@@ -227,7 +247,11 @@ impl Reactor {
             }
             let peer = &self.peers[req.peer];
             if let Some((reason, _)) = &peer.lost {
-                let err = Error::PeerLost { op: req.op, peer: peer.label.clone(), reason: reason.clone() };
+                let err = Error::PeerLost {
+                    op: req.op,
+                    peer: peer.label.clone(),
+                    reason: reason.clone(),
+                };
                 resolve(&self.counters, &req.cell, Err(err));
                 self.queue.pop_front();
                 work = true;
@@ -245,14 +269,27 @@ impl Reactor {
                 Ok(Posted::Completed) => {
                     let req = self.queue.pop_front().expect("front exists");
                     Counters::add(&self.counters.posted);
-                    resolve(&self.counters, &req.cell, Ok(Done { len: req.seg.len, imm: None }));
+                    resolve(
+                        &self.counters,
+                        &req.cell,
+                        Ok(Done {
+                            len: req.seg.len,
+                            imm: None,
+                        }),
+                    );
                     work = true;
                 }
                 Ok(Posted::Queued) => {
                     let req = self.queue.pop_front().expect("front exists");
                     Counters::add(&self.counters.posted);
                     let passive = matches!(req.kind, WrKind::Recv);
-                    entry.insert(InFlight { cell: req.cell, peer: req.peer, op: req.op, len: req.seg.len, passive });
+                    entry.insert(InFlight {
+                        cell: req.cell,
+                        peer: req.peer,
+                        op: req.op,
+                        len: req.seg.len,
+                        passive,
+                    });
                     self.peers[req.peer].inflight += 1;
                     if !passive {
                         self.active += 1;
@@ -263,7 +300,11 @@ impl Reactor {
                 Err(PostError::Failed(e)) => {
                     let req = self.queue.pop_front().expect("front exists");
                     let label = &self.peers[req.peer].label;
-                    resolve(&self.counters, &req.cell, Err(Error::from_transport(req.op, label, e)));
+                    resolve(
+                        &self.counters,
+                        &req.cell,
+                        Err(Error::from_transport(req.op, label, e)),
+                    );
                     work = true;
                 }
             }
@@ -298,11 +339,16 @@ impl Reactor {
         let peer = &mut self.peers[f.peer];
         peer.inflight -= 1;
         let res = match status {
-            Ok(()) => Ok(Done { len: if f.passive { len } else { f.len }, imm }),
+            Ok(()) => Ok(Done {
+                len: if f.passive { len } else { f.len },
+                imm,
+            }),
             Err(e) => match &peer.lost {
-                Some((reason, _)) => {
-                    Err(Error::PeerLost { op: f.op, peer: peer.label.clone(), reason: format!("{reason}; {e}") })
-                }
+                Some((reason, _)) => Err(Error::PeerLost {
+                    op: f.op,
+                    peer: peer.label.clone(),
+                    reason: format!("{reason}; {e}"),
+                }),
                 None => Err(Error::from_transport(f.op, &peer.label, e)),
             },
         };
@@ -364,7 +410,10 @@ impl Reactor {
         }
         let left = self.inflight.len();
         if left > 0 {
-            tracing::debug!(left, "ops still posted at shutdown: their buffers are leaked, never freed under DMA");
+            tracing::debug!(
+                left,
+                "ops still posted at shutdown: their buffers are leaked, never freed under DMA"
+            );
             for f in self.inflight.drain() {
                 resolve(&self.counters, &f.cell, Err(Error::Shutdown { op: f.op }));
                 std::mem::forget(f.cell);

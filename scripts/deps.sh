@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what building and testing rdmalane needs on Debian 12 (as root): libfabric headers and
+# tools (fi_info, fi_pingpong), libclang for bindgen, pkg-config; and a Rust toolchain if none.
+set -euo pipefail
+pkgs=(libfabric-dev libfabric-bin clang libclang-dev pkg-config ca-certificates curl)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy,rustfmt
+fi
