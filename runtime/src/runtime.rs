@@ -1,6 +1,6 @@
 //! The runtime handle and its builder.
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
@@ -136,12 +136,25 @@ impl Builder {
         let (tx, rx) = mpsc::channel();
         let imm = Arc::new(ImmQueue::default());
         let counters = Arc::new(Counters::default());
-        let reactor = Reactor::new(transport, rx, imm.clone(), self.peer_grace, counters.clone());
         let idle = Arc::new(Idle::default());
+        let reactor = Reactor::new(
+            transport,
+            rx,
+            imm.clone(),
+            self.peer_grace,
+            counters.clone(),
+            idle.clone(),
+        );
         let (inline, thread) = match self.driver {
             Driver::Inline => (Some(Mutex::new(reactor)), None),
             Driver::Thread => {
-                let h = thread::spawn(reactor, core, idle.clone(), self.idle).map_err(|e| Error::Io {
+                let mut policy = self.idle;
+                if caps.wait_fd {
+                    // The CQ's fd wakes the thread for completions and the eventfd for
+                    // submissions; the timeout only paces housekeeping (peer-loss expiry).
+                    policy.max_sleep = Duration::from_millis(50);
+                }
+                let h = thread::spawn(reactor, core, idle.clone(), policy).map_err(|e| Error::Io {
                     op: OpKind::Open,
                     peer: "-".into(),
                     source: e,
@@ -291,14 +304,17 @@ impl Runtime {
             return futures::executor::block_on(fut);
         };
         let mut fut = std::pin::pin!(fut);
-        let flag = Arc::new(Flag);
-        let waker = Waker::from(flag);
+        let flag = Arc::new(Flag(AtomicBool::new(true)));
+        let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
         let outer = DRIVING.replace(true);
         loop {
-            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-                DRIVING.set(outer);
-                return v;
+            // Poll only when woken: between wake-ups the loop is the reactor's alone.
+            if flag.0.swap(false, Ordering::Acquire) {
+                if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                    DRIVING.set(outer);
+                    return v;
+                }
             }
             // Another thread may be driving; then just let it.
             match reactor.try_lock() {
@@ -312,6 +328,7 @@ impl Runtime {
 
     fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
         self.inner.tx.send(cmd).map_err(|e| e.0)?;
+        self.inner.idle.commands.fetch_add(1, Ordering::SeqCst);
         if self.inner.idle.sleeping.load(Ordering::SeqCst) {
             self.inner.notifier.notify();
         }
@@ -425,8 +442,13 @@ thread_local! {
     static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// The inline driver polls continuously, so its waker needs to do nothing.
-struct Flag;
+/// The inline driver's waker: marks the future as worth polling again.
+struct Flag(AtomicBool);
 impl Wake for Flag {
-    fn wake(self: Arc<Self>) {}
+    fn wake(self: Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.store(true, Ordering::Release);
+    }
 }

@@ -18,6 +18,8 @@ use crate::op::{Complete, Done};
 use crate::stats::Counters;
 use crate::transport::{Completion, PeerAddr, PostError, Posted, Transport, WorkRequest, WrKind};
 use cmd::{Cmd, OpReq};
+use std::sync::atomic::Ordering;
+use thread::Idle;
 
 /// Completions reaped per poll call.
 const POLL_BATCH: usize = 64;
@@ -55,6 +57,7 @@ pub(crate) struct Reactor {
     grace: Duration,
     disconnected: bool,
     counters: Arc<Counters>,
+    idle: Arc<Idle>,
 }
 
 /// Complete an op cell and count the outcome.
@@ -74,6 +77,7 @@ impl Reactor {
         imm: Arc<ImmQueue>,
         grace: Duration,
         counters: Arc<Counters>,
+        idle: Arc<Idle>,
     ) -> Reactor {
         Reactor {
             t,
@@ -88,6 +92,7 @@ impl Reactor {
             grace,
             disconnected: false,
             counters,
+            idle,
         }
     }
 
@@ -126,11 +131,15 @@ impl Reactor {
     }
 
     fn take_commands(&mut self) -> bool {
+        if self.idle.commands.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         let mut work = false;
         loop {
             match self.rx.try_recv() {
                 Ok(cmd) => {
                     work = true;
+                    self.idle.commands.fetch_sub(1, Ordering::AcqRel);
                     self.handle(cmd);
                 }
                 Err(TryRecvError::Empty) => return work,

@@ -1,7 +1,7 @@
 //! The dedicated reactor thread: pinned to a core, busy-polls while ops are in flight, spins a
 //! little when idle, then sleeps on the transport's wait object (or short timed naps where the
 //! provider has none) until a submitter or the NIC wakes it.
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -15,6 +15,8 @@ pub(crate) struct Idle {
     pub sleeping: AtomicBool,
     /// Stop after draining.
     pub shutdown: AtomicBool,
+    /// Commands sent and not yet taken: lets the reactor skip the channel when it is empty.
+    pub commands: AtomicUsize,
 }
 
 /// How the thread idles.

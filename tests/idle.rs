@@ -1,0 +1,40 @@
+//! An idle runtime stays quiet: its reactor thread sleeps on the CQ's wait object (tcp) or in
+//! short naps (shm), using at most 2% of a core. Its own test binary, so no other test's
+//! threads run beside it.
+use std::time::{Duration, Instant};
+
+use rdmalane_conformance::{bounded, pair, runtime, PROVIDERS};
+
+/// CPU seconds used so far by this process's reactor threads.
+fn reactor_cpu() -> f64 {
+    let mut total = 0.0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        if !stat.contains("(rdmalane-reacto") {
+            continue;
+        }
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        total += (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0;
+    }
+    total
+}
+
+#[test]
+fn an_idle_connected_runtime_uses_at_most_two_percent_of_a_core() {
+    for p in PROVIDERS {
+        bounded(30, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            // A server's usual state: receives posted, nothing arriving.
+            let _pending = ba.recv(b.alloc(64).unwrap());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (c0, t0) = (reactor_cpu(), Instant::now());
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let pct = 100.0 * (reactor_cpu() - c0) / t0.elapsed().as_secs_f64() / 2.0;
+            eprintln!("{p}: idle reactor CPU {pct:.2}% of a core each");
+            assert!(pct <= 2.0, "{p}: an idle reactor used {pct:.2}% of a core");
+            drop(ab);
+        });
+    }
+}
