@@ -24,6 +24,7 @@ mod reactor;
 mod recv_stream;
 mod remote;
 mod runtime;
+pub mod sched;
 mod stats;
 pub mod transport;
 

@@ -1,0 +1,113 @@
+/// A tenant: the unit fair share is computed over.
+pub type TenantId = u32;
+
+/// Traffic class of an op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// Served first (small requests, RPCs).
+    Latency,
+    /// Shared across tenants by weight (transfers).
+    Bulk,
+}
+
+/// How the queue orders work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Split, prioritise, share and rotate (the default).
+    #[default]
+    Fair,
+    /// Post whole ops in arrival order, as raw libfabric does: the baseline.
+    Fifo,
+}
+
+/// Scheduler settings; environment variables override the defaults (see [`SchedConfig::from_env`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedConfig {
+    /// Fair or fifo.
+    pub mode: Mode,
+    /// Largest piece a big op is split into.
+    pub chunk_size: usize,
+    /// Ops at or below this size default to `Latency`.
+    pub latency_threshold: usize,
+    /// Bulk bytes in flight per lane.
+    pub lane_bytes: usize,
+    /// Work requests in flight per lane.
+    pub lane_wrs: usize,
+    /// Bulk bytes in flight per tenant and unit of weight (across all its lanes).
+    pub tenant_bytes: usize,
+    /// Bulk bytes in flight per NIC.
+    pub nic_bytes: usize,
+    /// Work requests in flight per NIC.
+    pub nic_wrs: usize,
+    /// Smallest share of posted bytes bulk keeps while latency traffic is queued (0..1).
+    pub min_bulk_share: f64,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            mode: Mode::Fair,
+            chunk_size: 64 << 10,
+            latency_threshold: 4096,
+            lane_bytes: 256 << 10,
+            lane_wrs: 256,
+            tenant_bytes: 256 << 10,
+            nic_bytes: 4 << 20,
+            nic_wrs: 1024,
+            min_bulk_share: 0.1,
+        }
+    }
+}
+
+impl SchedConfig {
+    /// The defaults with overrides from `RDMALANE_SCHEDULER` (`fair`|`fifo`),
+    /// `RDMALANE_CHUNK_SIZE`, `RDMALANE_LATENCY_THRESHOLD`, `RDMALANE_LANE_BYTES`,
+    /// `RDMALANE_TENANT_BYTES`, `RDMALANE_NIC_BYTES`, `RDMALANE_MIN_BULK_SHARE`.
+    pub fn from_env() -> SchedConfig {
+        let mut c = SchedConfig::default();
+        c.apply_env();
+        c
+    }
+
+    /// Apply the environment overrides to `self`.
+    pub fn apply_env(&mut self) {
+        let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+        if let Ok(m) = std::env::var("RDMALANE_SCHEDULER") {
+            match m.as_str() {
+                "fifo" => self.mode = Mode::Fifo,
+                "fair" => self.mode = Mode::Fair,
+                other => tracing::warn!(value = other, "RDMALANE_SCHEDULER is fair or fifo; ignored"),
+            }
+        }
+        if let Some(v) = num("RDMALANE_CHUNK_SIZE") {
+            self.chunk_size = v.max(1);
+        }
+        if let Some(v) = num("RDMALANE_LATENCY_THRESHOLD") {
+            self.latency_threshold = v;
+        }
+        if let Some(v) = num("RDMALANE_LANE_BYTES") {
+            self.lane_bytes = v.max(1);
+        }
+        if let Some(v) = num("RDMALANE_TENANT_BYTES") {
+            self.tenant_bytes = v.max(1);
+        }
+        if let Some(v) = num("RDMALANE_NIC_BYTES") {
+            self.nic_bytes = v.max(1);
+        }
+        if let Some(v) = std::env::var("RDMALANE_MIN_BULK_SHARE")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            self.min_bulk_share = v.clamp(0.0, 1.0);
+        }
+    }
+
+    /// The class an op of `len` bytes gets when the caller names none.
+    pub fn default_class(&self, len: usize) -> Class {
+        if len <= self.latency_threshold {
+            Class::Latency
+        } else {
+            Class::Bulk
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The scheduler alone, driven deterministically: pushes, `next`, completions in the order a
+//! test picks.
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn cfg() -> SchedConfig {
+    SchedConfig {
+        chunk_size: 1000,
+        lane_bytes: 4000,
+        tenant_bytes: 4000,
+        nic_bytes: 16_000,
+        ..Default::default()
+    }
+}
+
+fn bulk(tenant: TenantId, len: usize, lanes: Vec<LaneId>) -> OpSpec {
+    OpSpec {
+        tenant,
+        class: Class::Bulk,
+        len,
+        lanes,
+        splittable: true,
+    }
+}
+
+/// Run until `stop` or nothing moves; completes the oldest chunk each step unless `order`
+/// picks another. Returns every chunk posted, in posting order.
+struct Sim {
+    s: Scheduler,
+    inflight: VecDeque<Chunk>,
+    posted: Vec<Chunk>,
+    done: Vec<OpDone>,
+}
+
+impl Sim {
+    fn new(c: SchedConfig) -> Sim {
+        Sim {
+            s: Scheduler::new(c),
+            inflight: VecDeque::new(),
+            posted: Vec::new(),
+            done: Vec::new(),
+        }
+    }
+    fn fill(&mut self) {
+        let mut out = Vec::new();
+        self.s.next(&mut out, 64);
+        self.posted.extend(&out);
+        self.inflight.extend(out);
+    }
+    fn complete_at(&mut self, i: usize, ok: bool) {
+        if let Some(c) = self.inflight.remove(i % self.inflight.len().max(1)) {
+            if let Some(d) = self.s.complete(c, ok) {
+                self.done.push(d);
+            }
+        }
+    }
+    fn drain(&mut self) {
+        loop {
+            self.fill();
+            if self.inflight.is_empty() {
+                break;
+            }
+            self.complete_at(0, true);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn every_byte_of_every_op_is_posted_exactly_once(
+        ops in proptest::collection::vec((0u32..3, 0usize..20_000, any::<bool>(), 1usize..4), 1..30),
+        order in proptest::collection::vec(any::<usize>(), 0..400),
+        fifo: bool,
+    ) {
+        let mut c = cfg();
+        if fifo { c.mode = Mode::Fifo; }
+        let mut sim = Sim::new(c);
+        let mut lens = HashMap::new();
+        for (t, len, small, lanes) in ops {
+            let class = if small { Class::Latency } else { Class::Bulk };
+            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).collect(), splittable: true });
+            lens.insert(id, len);
+        }
+        for i in order {
+            sim.fill();
+            sim.complete_at(i, true);
+        }
+        sim.drain();
+        let mut covered: HashMap<OpId, Vec<(usize, usize)>> = HashMap::new();
+        for c in &sim.posted {
+            covered.entry(c.op).or_default().push((c.offset, c.len));
+        }
+        for (id, len) in &lens {
+            let mut r = covered.remove(id).unwrap_or_default();
+            r.sort();
+            let mut at = 0;
+            for (off, l) in r.iter().filter(|(_, l)| *l > 0) {
+                prop_assert_eq!(*off, at, "gap or overlap in op {:?}", id);
+                at += l;
+            }
+            prop_assert_eq!(at, *len);
+        }
+        prop_assert_eq!(sim.done.len(), lens.len());
+        prop_assert!(sim.done.iter().all(|d| d.ok));
+        prop_assert!(sim.s.is_empty());
+    }
+
+    #[test]
+    fn an_op_completes_only_after_its_last_chunk(len in 1usize..50_000, order in proptest::collection::vec(any::<usize>(), 0..200)) {
+        let mut sim = Sim::new(cfg());
+        let id = sim.s.push(bulk(0, len, vec![0, 1]));
+        for i in order {
+            sim.fill();
+            let posted: usize = sim.posted.iter().map(|c| c.len).sum();
+            sim.complete_at(i, true);
+            if !sim.done.is_empty() {
+                prop_assert!(posted == len && sim.inflight.is_empty(), "done early");
+            }
+        }
+        sim.drain();
+        prop_assert_eq!(sim.done, vec![OpDone { op: id, ok: true }]);
+    }
+
+    #[test]
+    fn a_failed_chunk_withdraws_the_rest_and_fails_the_op_once_drained(len in 5_000usize..50_000, fail_at in 0usize..8) {
+        let mut sim = Sim::new(cfg());
+        let id = sim.s.push(bulk(0, len, vec![0]));
+        sim.fill();
+        let n = sim.inflight.len();
+        prop_assume!(n > 1);
+        sim.complete_at(fail_at % n, false);
+        prop_assert!(sim.done.is_empty(), "resolved with chunks in flight");
+        let before = sim.posted.len();
+        sim.drain();
+        prop_assert_eq!(sim.posted.len(), before, "posted after the failure");
+        prop_assert_eq!(sim.done, vec![OpDone { op: id, ok: false }]);
+    }
+
+    #[test]
+    fn a_cancelled_op_posts_nothing_more(len in 5_000usize..50_000) {
+        let mut sim = Sim::new(cfg());
+        let id = sim.s.push(bulk(0, len, vec![0]));
+        sim.fill();
+        let before = sim.posted.len();
+        prop_assert_eq!(sim.s.cancel(id), None, "chunks are in flight");
+        sim.drain();
+        prop_assert_eq!(sim.posted.len(), before);
+        prop_assert_eq!(sim.done, vec![OpDone { op: id, ok: false }]);
+    }
+
+    #[test]
+    fn weighted_bulk_shares_hold_within_five_percent(w in proptest::collection::vec(1u32..5, 2..4)) {
+        let mut sim = Sim::new(cfg());
+        let mut owner = HashMap::new();
+        for (t, &weight) in w.iter().enumerate() {
+            sim.s.set_weight(t as u32, weight);
+            for _ in 0..4 {
+                let id = sim.s.push(bulk(t as u32, 10_000_000, vec![0, 1]));
+                owner.insert(id, t);
+            }
+        }
+        let mut bytes = vec![0usize; w.len()];
+        for _ in 0..20_000 {
+            sim.fill();
+            let c = sim.inflight.pop_front().unwrap();
+            bytes[owner[&c.op]] += c.len;
+            sim.s.complete(c, true);
+        }
+        let total: usize = bytes.iter().sum();
+        let wsum: u32 = w.iter().sum();
+        for (t, &weight) in w.iter().enumerate() {
+            let want = weight as f64 / wsum as f64;
+            let got = bytes[t] as f64 / total as f64;
+            prop_assert!((got - want).abs() <= 0.05 * want, "tenant {t}: share {got:.3}, weight share {want:.3}");
+        }
+    }
+
+    #[test]
+    fn lanes_do_not_buy_a_larger_share(lanes_a in 1usize..17) {
+        let mut sim = Sim::new(cfg());
+        sim.s.push(bulk(0, 100_000_000, (0..lanes_a).collect()));
+        sim.s.push(bulk(1, 100_000_000, vec![100]));
+        let mut bytes = [0usize; 2];
+        for _ in 0..20_000 {
+            sim.fill();
+            let c = sim.inflight.pop_front().unwrap();
+            bytes[(c.lane == 100) as usize] += c.len;
+            sim.s.complete(c, true);
+        }
+        let ratio = bytes[1] as f64 / bytes[0] as f64;
+        prop_assert!((0.95..=1.05).contains(&ratio), "B/A = {ratio:.3} with A on {lanes_a} lanes");
+    }
+}
+
+#[test]
+fn a_latency_op_goes_before_any_further_bulk_and_waits_for_at_most_the_budget() {
+    let mut sim = Sim::new(cfg());
+    for t in 0..3 {
+        sim.s.push(bulk(t, 1_000_000, vec![0, 1]));
+    }
+    for _ in 0..50 {
+        sim.fill();
+        sim.complete_at(0, true);
+    }
+    sim.fill();
+    // What is ahead of it: the bulk in flight, bounded by the tenant budgets.
+    let ahead: usize = sim.inflight.iter().map(|c| c.len).sum();
+    assert!(
+        ahead <= 3 * (cfg().tenant_bytes + cfg().chunk_size),
+        "{ahead} bytes ahead"
+    );
+    let id = sim.s.push(OpSpec {
+        tenant: 9,
+        class: Class::Latency,
+        len: 16,
+        lanes: vec![0, 1],
+        splittable: false,
+    });
+    sim.complete_at(0, true);
+    let mut out = Vec::new();
+    sim.s.next(&mut out, 64);
+    assert_eq!(
+        out.first().map(|c| c.op),
+        Some(id),
+        "latency op not first: {out:?}"
+    );
+}
+
+#[test]
+fn bulk_is_not_starved_by_a_latency_flood() {
+    let c = SchedConfig {
+        min_bulk_share: 0.2,
+        ..cfg()
+    };
+    let mut sim = Sim::new(c);
+    sim.s.push(bulk(0, 100_000_000, vec![0]));
+    let (mut bulk_bytes, mut lat_bytes) = (0usize, 0usize);
+    for _ in 0..20_000 {
+        // Keep a latency backlog at all times.
+        while sim.s.len() < 20 {
+            sim.s.push(OpSpec {
+                tenant: 1,
+                class: Class::Latency,
+                len: 1000,
+                lanes: vec![0],
+                splittable: false,
+            });
+        }
+        sim.fill();
+        let c = sim.inflight.pop_front().unwrap();
+        sim.s.complete(c, true);
+        if c.op.0 == 0 {
+            bulk_bytes += c.len;
+        } else {
+            lat_bytes += c.len;
+        }
+    }
+    let share = bulk_bytes as f64 / (bulk_bytes + lat_bytes) as f64;
+    // About the configured minimum (posting in batches makes it oscillate around it).
+    assert!(share >= 0.8 * 0.2, "bulk share {share:.3} under a latency flood");
+}
+
+#[test]
+fn small_ops_are_never_split_and_messages_never_are() {
+    let mut sim = Sim::new(cfg());
+    let a = sim.s.push(OpSpec {
+        tenant: 0,
+        class: Class::Latency,
+        len: 999,
+        lanes: vec![0],
+        splittable: true,
+    });
+    let b = sim.s.push(OpSpec {
+        tenant: 0,
+        class: Class::Bulk,
+        len: 5000,
+        lanes: vec![0],
+        splittable: false,
+    });
+    sim.drain();
+    let pieces = |id| sim.posted.iter().filter(|c| c.op == id).count();
+    assert_eq!((pieces(a), pieces(b)), (1, 1));
+    let ids: HashSet<_> = sim.done.iter().map(|d| d.op).collect();
+    assert_eq!(ids, [a, b].into_iter().collect());
+}
+
+#[test]
+fn fifo_posts_whole_ops_in_arrival_order() {
+    let mut sim = Sim::new(SchedConfig {
+        mode: Mode::Fifo,
+        ..cfg()
+    });
+    let a = sim.s.push(bulk(0, 50_000, vec![0]));
+    let b = sim.s.push(OpSpec {
+        tenant: 1,
+        class: Class::Latency,
+        len: 16,
+        lanes: vec![0],
+        splittable: true,
+    });
+    sim.fill();
+    assert_eq!(
+        sim.posted.iter().map(|c| (c.op, c.len)).collect::<Vec<_>>(),
+        vec![(a, 50_000), (b, 16)]
+    );
+}
