@@ -70,7 +70,7 @@ fn send_and_recv_carry_messages_of_every_size() {
                 let want = pattern(size, 100 + i as u64);
                 let mut src = a.alloc(size).unwrap();
                 src.copy_from_slice(&want);
-                let recv = ba.recv(b.alloc(size + 16).unwrap());
+                let recv = ba.recv(b.alloc(size + 16).unwrap()).start();
                 let (s, _) = ab.send(src).await;
                 s.unwrap_or_else(|e| panic!("{p}: send {size}: {e}"));
                 let (n, got) = recv.await;
@@ -87,7 +87,7 @@ fn a_message_longer_than_the_receive_buffer_fails_the_receive() {
         bounded(30, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
-            let recv = ba.recv(b.alloc(8).unwrap());
+            let recv = ba.recv(b.alloc(8).unwrap()).start();
             let _ = ab.send(a.alloc(4096).unwrap()).await;
             let (r, _) = recv.await;
             assert!(
@@ -273,14 +273,21 @@ fn dropping_futures_in_flight_and_after_completion_is_safe() {
             for i in 0..200 {
                 let mut src = a.alloc(1 << 20).unwrap();
                 src.fill(i as u8);
-                drop(ab.write_remote(src, &remote));
+                let mut op = ab.write_remote(src, &remote);
+                let _ = futures::poll!(&mut op);
+                drop(op);
             }
-            // Dropped after completion, never polled.
-            let op = ab.write_remote(a.alloc(64).unwrap(), &remote.slice(0..64).unwrap());
+            // Dropped after completion, never polled again.
+            let mut op = ab.write_remote(a.alloc(64).unwrap(), &remote.slice(0..64).unwrap());
+            let _ = futures::poll!(&mut op);
             settle(&a, 30).await;
             drop(op);
             // A receive dropped while posted waits for its message in the reactor.
-            drop(ba.recv(b.alloc(64).unwrap()));
+            let mut op = ba.recv(b.alloc(64).unwrap());
+            let _ = futures::poll!(&mut op);
+            drop(op);
+            // Never polled: never submitted.
+            drop(ab.write_remote(a.alloc(64).unwrap(), &remote));
             let s = settle(&a, 30).await;
             assert_eq!(s.submitted - base, 201, "{p}: {s:?}");
             // The endpoint still works and the bytes are right.
@@ -329,7 +336,10 @@ fn a_future_dropped_before_posting_is_withdrawn() {
 
         let mut src = a.alloc(4096).unwrap();
         src.fill(0xEE);
-        drop(ab.write_remote(src, &remote));
+        // Polled once outside block_on: handed to the reactor, which nobody drives yet.
+        let mut op = ab.write_remote(src, &remote);
+        assert!(futures::FutureExt::now_or_never(&mut op).is_none());
+        drop(op);
         let (r, _) = a.block_on(ab.write_remote(a.alloc(16).unwrap(), &remote.slice(100..116).unwrap()));
         r.unwrap();
         let s = a.stats();

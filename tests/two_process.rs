@@ -14,7 +14,7 @@ async fn command(rt: &Runtime, ep: &Endpoint, c: u64, a: u64, b: u64) {
 }
 
 async fn ask(rt: &Runtime, ep: &Endpoint, c: u64, a: u64, b: u64) -> u64 {
-    let reply = ep.recv(rt.alloc(8).unwrap());
+    let reply = ep.recv(rt.alloc(8).unwrap()).start();
     command(rt, ep, c, a, b).await;
     let (n, r) = reply.await;
     assert_eq!(n.unwrap(), 8);
@@ -50,7 +50,7 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
             }
             // The peer fills its region (and re-exposes it); we read it back.
             let size = (3 << 20) + 5;
-            let fill = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN).unwrap());
+            let fill = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN).unwrap()).start();
             command(&rt, &ep, cmd::FILL, size as u64, 77).await;
             let (n, d) = fill.await;
             let remote = RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();
@@ -63,7 +63,7 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
                 "{p}: read from the peer differs"
             );
             // Echo.
-            let echo = ep.recv(rt.alloc(70_000).unwrap());
+            let echo = ep.recv(rt.alloc(70_000).unwrap()).start();
             command(&rt, &ep, cmd::ECHO, 70_000, 0).await;
             let mut m = rt.alloc(65_001).unwrap();
             m.copy_from_slice(&pattern(65_001, 5));
@@ -90,9 +90,9 @@ fn a_killed_peer_turns_pending_ops_into_errors_and_others_go_on() {
 
             let mut ops = FuturesUnordered::new();
             for _ in 0..32 {
-                ops.push(ep.write_remote(rt.alloc(4 << 20).unwrap(), &remote));
+                ops.push(ep.write_remote(rt.alloc(4 << 20).unwrap(), &remote).start());
             }
-            let recv = ep.recv(rt.alloc(64).unwrap());
+            let recv = ep.recv(rt.alloc(64).unwrap()).start();
             // Let some writes start, then kill the peer mid-transfer.
             let _ = ops.next().await;
             peer.child.kill().unwrap();
@@ -113,7 +113,7 @@ fn a_killed_peer_turns_pending_ops_into_errors_and_others_go_on() {
                 .await;
             assert!(r.unwrap_err().is_peer_lost(), "{p}");
             // The other peer is unaffected.
-            let recv = from_rt.recv(other.alloc(16).unwrap());
+            let recv = from_rt.recv(other.alloc(16).unwrap()).start();
             let mut m = rt.alloc(16).unwrap();
             m.fill(3);
             to_other.send(m).await.0.unwrap();

@@ -62,7 +62,7 @@ fn rt_server(c: &mut RtConn, a: &Common) -> Result<f64, BoxErr> {
         let target = rt.expose(rt.alloc(a.size)?, Access::WRITE)?;
         let mut msg = rt.alloc(RemoteBuf::ENCODED_LEN)?;
         msg.copy_from_slice(&target.descriptor().to_bytes());
-        let done = ep.recv(rt.alloc(8)?);
+        let done = ep.recv(rt.alloc(8)?).start();
         let cpu = CpuMeter::start();
         let (r, _) = ep.send(msg).await;
         r?;

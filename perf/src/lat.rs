@@ -70,7 +70,7 @@ fn rt_side(
         if client {
             for i in 0..total {
                 let t0 = Instant::now();
-                let recv = ep.recv(rbuf);
+                let recv = ep.recv(rbuf).start();
                 let (r, s) = ep.send(sbuf).await;
                 r?;
                 sbuf = s;
@@ -85,13 +85,13 @@ fn rt_side(
                 progress.tick(i);
             }
         } else {
-            let mut next = Some(ep.recv(rbuf));
+            let mut next = Some(ep.recv(rbuf).start());
             for i in 0..total {
                 let (r, b) = next.take().expect("a receive is posted").await;
                 r?;
                 // Post the next receive before answering, so the next ping finds it.
                 if i + 1 < total {
-                    next = Some(ep.recv(b));
+                    next = Some(ep.recv(b).start());
                 }
                 let (r, s) = ep.send(sbuf).await;
                 r?;

@@ -169,14 +169,16 @@ impl Endpoint {
     fn submit<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
         let seg = buf.seg();
         let cell = OpCell::new(buf);
-        self.rt.submit(OpReq {
+        let req = OpReq {
             peer: self.slot,
             op,
             kind,
             seg,
             cell: cell.clone(),
-        });
-        Op::pending(cell, len_of)
+            tenant: 0,
+            class: None,
+        };
+        Op::new(self.rt.clone(), req, cell, len_of)
     }
 }
 

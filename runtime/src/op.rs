@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use crate::error::{BufResult, Error};
+use crate::reactor::cmd::OpReq;
+use crate::runtime::Runtime;
+use crate::sched::{Class, TenantId};
 
 /// What a finished op reports besides its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,11 +62,15 @@ impl<B: Send> Complete for OpCell<B> {
 
 enum Inner<B> {
     Ready(Option<(Result<Done, Error>, B)>),
+    /// Built, not yet handed to the reactor: nothing happens before the first poll.
+    Unsubmitted(Runtime, Option<OpReq>, Arc<OpCell<B>>),
     Pending(Arc<OpCell<B>>),
 }
 
-/// An operation in flight. Resolves to the result and the buffer; dropping it at any point is
-/// safe (see the module docs of [`crate::buf`]).
+/// An operation. Nothing happens until it is first polled (then it is handed to the reactor);
+/// it resolves to the result and the buffer. Dropping it at any point is safe: before posting it
+/// is withdrawn, after posting the reactor keeps the buffer until the completion arrives.
+/// `.class(..)` and `.tenant(..)` set how the fair-share scheduler serves it.
 #[must_use = "an op does nothing useful unless awaited (dropping it cancels what is not posted)"]
 pub struct Op<B, T = usize> {
     inner: Inner<B>,
@@ -78,10 +85,41 @@ pub(crate) fn len_of(d: Done) -> usize {
 }
 
 impl<B: Send, T> Op<B, T> {
-    pub(crate) fn pending(cell: Arc<OpCell<B>>, map: fn(Done) -> T) -> Op<B, T> {
+    pub(crate) fn new(rt: Runtime, req: OpReq, cell: Arc<OpCell<B>>, map: fn(Done) -> T) -> Op<B, T> {
         Op {
-            inner: Inner::Pending(cell),
+            inner: Inner::Unsubmitted(rt, Some(req), cell),
             map,
+        }
+    }
+
+    /// Serve this op in `class` instead of the class its size gives it.
+    pub fn class(mut self, class: Class) -> Self {
+        if let Inner::Unsubmitted(_, Some(req), _) = &mut self.inner {
+            req.class = Some(class);
+        }
+        self
+    }
+
+    /// Count this op against `tenant`'s share (default 0).
+    pub fn tenant(mut self, tenant: TenantId) -> Self {
+        if let Inner::Unsubmitted(_, Some(req), _) = &mut self.inner {
+            req.tenant = tenant;
+        }
+        self
+    }
+
+    /// Hand the op to the reactor now, before it is awaited: how to pre-post a receive, or
+    /// start a transfer while preparing the next. (Otherwise the first poll does this.)
+    pub fn start(mut self) -> Self {
+        self.submit();
+        self
+    }
+
+    fn submit(&mut self) {
+        if let Inner::Unsubmitted(rt, req, cell) = &mut self.inner {
+            let (rt, req, cell) = (rt.clone(), req.take().expect("submitted once"), cell.clone());
+            self.inner = Inner::Pending(cell);
+            rt.submit(req);
         }
     }
 
@@ -99,11 +137,13 @@ impl<B: Send, T> Future for Op<B, T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let map = this.map;
+        this.submit();
         match &mut this.inner {
             Inner::Ready(r) => {
                 let (res, buf) = r.take().expect("Op polled after completion");
                 Poll::Ready((res.map(map), buf))
             }
+            Inner::Unsubmitted(..) => unreachable!("submitted above"),
             Inner::Pending(cell) => {
                 let mut s = cell.state.lock().unwrap_or_else(|p| p.into_inner());
                 match s.result.take() {

@@ -13,6 +13,7 @@ use crate::imm::{ImmEvent, ImmQueue, NextImm};
 use crate::reactor::cmd::{Cmd, OpReq};
 use crate::reactor::thread::{self, Idle, IdlePolicy};
 use crate::reactor::Reactor;
+use crate::sched::{SchedConfig, TenantId};
 use crate::stats::{Counters, Stats};
 use crate::transport::{Access, Backend, Caps, MemoryRegion, Notify, TransportConfig};
 
@@ -40,6 +41,7 @@ pub struct Builder {
     idle: IdlePolicy,
     connect_timeout: Duration,
     peer_grace: Duration,
+    sched: SchedConfig,
 }
 
 impl Default for Builder {
@@ -55,6 +57,7 @@ impl Default for Builder {
             },
             connect_timeout: Duration::from_secs(5),
             peer_grace: Duration::from_secs(2),
+            sched: SchedConfig::default(),
         }
     }
 }
@@ -110,6 +113,13 @@ impl Builder {
         self
     }
 
+    /// Fair-share scheduler settings (chunk size, budgets, latency threshold, fifo mode).
+    /// Environment variables (`RDMALANE_SCHEDULER`, `RDMALANE_CHUNK_SIZE`, ...) override them.
+    pub fn scheduler(mut self, cfg: SchedConfig) -> Self {
+        self.sched = cfg;
+        self
+    }
+
     /// Open the transport and start the reactor.
     pub fn build(self) -> Result<Runtime> {
         let backend = self.backend.ok_or_else(|| {
@@ -137,6 +147,9 @@ impl Builder {
         let imm = Arc::new(ImmQueue::default());
         let counters = Arc::new(Counters::default());
         let idle = Arc::new(Idle::default());
+        let mut sched = self.sched;
+        sched.apply_env();
+        tracing::debug!(?sched, "scheduler");
         let reactor = Reactor::new(
             transport,
             rx,
@@ -144,6 +157,7 @@ impl Builder {
             self.peer_grace,
             counters.clone(),
             idle.clone(),
+            sched,
         );
         let (inline, thread) = match self.driver {
             Driver::Inline => (Some(Mutex::new(reactor)), None),
@@ -290,6 +304,11 @@ impl Runtime {
     /// An immediate event if one has arrived.
     pub fn try_next_imm(&self) -> Option<ImmEvent> {
         self.inner.imm.try_pop()
+    }
+
+    /// Give `tenant` `weight` times the bulk share of a weight-1 tenant.
+    pub fn set_weight(&self, tenant: TenantId, weight: u32) {
+        let _ = self.send(Cmd::SetWeight { tenant, weight });
     }
 
     /// A snapshot of the op counters.

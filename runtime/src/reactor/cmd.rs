@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{OpKind, TransportError};
 use crate::op::Complete;
+use crate::sched::{Class, TenantId};
 use crate::transport::{Access, LocalSeg, MemoryRegion, WrKind};
 
 /// One data operation, validated, waiting to be posted.
@@ -14,6 +15,9 @@ pub(crate) struct OpReq {
     pub kind: WrKind,
     pub seg: LocalSeg,
     pub cell: Arc<dyn Complete>,
+    pub tenant: TenantId,
+    /// `None`: by size (the scheduler's latency threshold).
+    pub class: Option<Class>,
 }
 
 /// A reply channel for control commands.
@@ -41,6 +45,11 @@ pub(crate) enum Cmd {
     /// The endpoint handle is gone: forget the peer once its ops are done.
     RemovePeer {
         slot: usize,
+    },
+    /// Set a tenant's bulk weight.
+    SetWeight {
+        tenant: TenantId,
+        weight: u32,
     },
     /// The control connection to the peer broke: fail what is pending.
     PeerLost {
