@@ -17,16 +17,9 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let args = Args::parse();
-    let open = || {
-        Runtime::builder()
-            .backend(rdmalane_efa::Libfabric)
-            .provider(&args.provider)
-            .build()
-    };
+    let open = || Runtime::builder().backend(rdmalane_efa::Libfabric).provider(&args.provider).build();
     let (server, client) = (open()?, open()?);
 
     // Meet over TCP; the handshake exchanges fabric addresses.
@@ -38,27 +31,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let target = server.expose(server.alloc(args.size)?, Access::WRITE)?;
     let mut msg = server.alloc(RemoteBuf::ENCODED_LEN)?;
     msg.copy_from_slice(&target.descriptor().to_bytes());
-    let ((sent, _), (got, desc)) = tokio::join!(
-        to_client.send(msg),
-        to_server.recv(client.alloc(RemoteBuf::ENCODED_LEN)?)
-    );
+    let ((sent, _), (got, desc)) =
+        tokio::join!(to_client.send(msg), to_server.recv(client.alloc(RemoteBuf::ENCODED_LEN)?));
     sent?;
     let remote = RemoteBuf::from_bytes(&desc[..got?])?;
 
     // The client writes a pattern; the buffer comes back with the result.
     let mut data = client.alloc(args.size)?;
-    data.iter_mut()
-        .enumerate()
-        .for_each(|(i, b)| *b = (i * 31 + 7) as u8);
+    data.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 31 + 7) as u8);
     let (res, data) = to_server.write_remote(data, &remote).await;
     res?;
 
     // A completed write means the bytes are at the target.
     assert_eq!(target.as_slice(), &data[..], "bytes at the target differ");
-    println!(
-        "wrote {} bytes over {} and verified them",
-        args.size,
-        server.provider()
-    );
+    println!("wrote {} bytes over {} and verified them", args.size, server.provider());
     Ok(())
 }

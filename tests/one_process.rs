@@ -47,15 +47,9 @@ fn writes_into_offsets_of_a_region_land_exactly_there() {
             src.fill(0xAB);
             ab.write_remote(src, &piece).await.0.unwrap();
             let t = target.as_slice();
-            assert!(
-                t[..1000].iter().all(|&x| x == 0),
-                "{p}: bytes before the slice touched"
-            );
+            assert!(t[..1000].iter().all(|&x| x == 0), "{p}: bytes before the slice touched");
             assert!(t[1000..1333].iter().all(|&x| x == 0xAB), "{p}: slice not written");
-            assert!(
-                t[1333..].iter().all(|&x| x == 0),
-                "{p}: bytes after the slice touched"
-            );
+            assert!(t[1333..].iter().all(|&x| x == 0), "{p}: bytes after the slice touched");
         });
     }
 }
@@ -90,10 +84,7 @@ fn a_message_longer_than_the_receive_buffer_fails_the_receive() {
             let recv = ba.recv(b.alloc(8).unwrap()).start();
             let _ = ab.send(a.alloc(4096).unwrap()).await;
             let (r, _) = recv.await;
-            assert!(
-                r.is_err(),
-                "{p}: a 4096-byte message fit an 8-byte receive: {r:?}"
-            );
+            assert!(r.is_err(), "{p}: a 4096-byte message fit an 8-byte receive: {r:?}");
         });
     }
 }
@@ -121,16 +112,10 @@ fn write_with_imm_raises_each_value_once_in_any_order() {
                 let ev = b.next_imm().await;
                 assert!(seen.insert(ev.imm), "{p}: immediate {:#x} twice", ev.imm);
             }
-            assert_eq!(
-                seen,
-                (0..100).map(|i| 0xC0DE_0000 + i).collect(),
-                "{p}: immediates"
-            );
+            assert_eq!(seen, (0..100).map(|i| 0xC0DE_0000 + i).collect(), "{p}: immediates");
             for i in 0..100usize {
                 assert!(
-                    target.as_slice()[i * 4096..(i + 1) * 4096]
-                        .iter()
-                        .all(|&x| x == i as u8),
+                    target.as_slice()[i * 4096..(i + 1) * 4096].iter().all(|&x| x == i as u8),
                     "{p}: piece {i}"
                 );
             }
@@ -193,11 +178,7 @@ fn recv_stream_keeps_a_pool_posted() {
             };
             let ((), mut got) = tokio::join!(sender, receiver);
             got.sort();
-            assert_eq!(
-                got,
-                (0..50u8).map(|i| (1 + i as usize, i)).collect::<Vec<_>>(),
-                "{p}"
-            );
+            assert_eq!(got, (0..50u8).map(|i| (1 + i as usize, i)).collect::<Vec<_>>(), "{p}");
         });
     }
 }
@@ -213,29 +194,13 @@ fn descriptors_out_of_bounds_are_refused_before_posting() {
             let before = a.stats();
             assert!(matches!(remote.slice(4000..4097), Err(Error::OutOfBounds { .. })));
             let (r, _) = ab.write_remote(a.alloc(4097).unwrap(), &remote).await;
-            assert!(
-                matches!(
-                    r,
-                    Err(Error::OutOfBounds {
-                        op: OpKind::Write,
-                        len: 4096,
-                        ..
-                    })
-                ),
-                "{p}: {r:?}"
-            );
+            assert!(matches!(r, Err(Error::OutOfBounds { op: OpKind::Write, len: 4096, .. })), "{p}: {r:?}");
             // Read access was not granted.
             let (r, _) = ab.read_remote(a.alloc(16).unwrap(), &remote).await;
-            assert!(
-                matches!(r, Err(Error::InvalidArgument { op: OpKind::Read, .. })),
-                "{p}: {r:?}"
-            );
+            assert!(matches!(r, Err(Error::InvalidArgument { op: OpKind::Read, .. })), "{p}: {r:?}");
             // A descriptor of another runtime is not this peer's.
             let other = runtime(p);
-            let foreign = other
-                .expose(other.alloc(64).unwrap(), Access::WRITE)
-                .unwrap()
-                .descriptor();
+            let foreign = other.expose(other.alloc(64).unwrap(), Access::WRITE).unwrap().descriptor();
             let (r, _) = ab.write_remote(a.alloc(16).unwrap(), &foreign).await;
             assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{p}: {r:?}");
             // A buffer of another runtime is refused too.
@@ -293,10 +258,7 @@ fn dropping_futures_in_flight_and_after_completion_is_safe() {
             // The endpoint still works and the bytes are right.
             let mut src = a.alloc(4096).unwrap();
             src.copy_from_slice(&pattern(4096, 9));
-            ab.write_remote(src, &remote.slice(0..4096).unwrap())
-                .await
-                .0
-                .unwrap();
+            ab.write_remote(src, &remote.slice(0..4096).unwrap()).await.0.unwrap();
             assert!(target.as_slice()[..4096] == pattern(4096, 9)[..], "{p}");
             let mut m = a.alloc(8).unwrap();
             m.fill(5);
@@ -344,10 +306,7 @@ fn a_future_dropped_before_posting_is_withdrawn() {
         r.unwrap();
         let s = a.stats();
         assert_eq!(s.withdrawn, 1, "{p}: {s:?}");
-        assert!(
-            target.as_slice().iter().all(|&x| x != 0xEE),
-            "{p}: the withdrawn write happened"
-        );
+        assert!(target.as_slice().iter().all(|&x| x != 0xEE), "{p}: the withdrawn write happened");
     }
 }
 
@@ -357,20 +316,10 @@ fn connecting_where_nobody_listens_fails_in_time() {
         let a = runtime("tcp");
         let t0 = Instant::now();
         // A port that was just free: bind, note, close.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let r = a.connect(format!("127.0.0.1:{port}")).await;
         assert!(
-            matches!(
-                r,
-                Err(Error::Io {
-                    op: OpKind::Connect,
-                    ..
-                }) | Err(Error::Timeout { .. })
-            ),
+            matches!(r, Err(Error::Io { op: OpKind::Connect, .. }) | Err(Error::Timeout { .. })),
             "{r:?}"
         );
         assert!(t0.elapsed() < Duration::from_secs(6));
@@ -379,10 +328,7 @@ fn connecting_where_nobody_listens_fails_in_time() {
 
 #[test]
 fn an_unavailable_provider_is_named_with_what_exists() {
-    let r = Runtime::builder()
-        .backend(rdmalane_efa::Libfabric)
-        .provider("no-such-provider")
-        .build();
+    let r = Runtime::builder().backend(rdmalane_efa::Libfabric).provider("no-such-provider").build();
     match r {
         Err(Error::ProviderUnavailable { requested, found }) => {
             assert_eq!(requested, "no-such-provider");
@@ -402,16 +348,7 @@ fn a_handshake_from_a_stranger_is_refused_and_the_listener_survives() {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
         let r = l.accept().await;
-        assert!(
-            matches!(
-                r,
-                Err(Error::Handshake {
-                    op: OpKind::Accept,
-                    ..
-                })
-            ),
-            "{r:?}"
-        );
+        assert!(matches!(r, Err(Error::Handshake { op: OpKind::Accept, .. })), "{r:?}");
         let (x, y) = tokio::join!(a.connect(addr), l.accept());
         x.unwrap();
         y.unwrap();

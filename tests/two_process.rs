@@ -38,10 +38,7 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
                 let want = pattern(size, i as u64);
                 let mut src = rt.alloc(size).unwrap();
                 src.copy_from_slice(&want);
-                ep.write_remote(src, &remote)
-                    .await
-                    .0
-                    .unwrap_or_else(|e| panic!("{p}: write {size}: {e}"));
+                ep.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: write {size}: {e}"));
                 assert_eq!(
                     ask(&rt, &ep, cmd::HASH, size as u64, 0).await,
                     hash(&want),
@@ -54,14 +51,10 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
             command(&rt, &ep, cmd::FILL, size as u64, 77).await;
             let (n, d) = fill.await;
             let remote = RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();
-            let (r, got) = ep
-                .read_remote(rt.alloc(size).unwrap(), &remote.slice(0..size as u64).unwrap())
-                .await;
+            let (r, got) =
+                ep.read_remote(rt.alloc(size).unwrap(), &remote.slice(0..size as u64).unwrap()).await;
             r.unwrap();
-            assert!(
-                got[..] == pattern(size, 77)[..],
-                "{p}: read from the peer differs"
-            );
+            assert!(got[..] == pattern(size, 77)[..], "{p}: read from the peer differs");
             // Echo.
             let echo = ep.recv(rt.alloc(70_000).unwrap()).start();
             command(&rt, &ep, cmd::ECHO, 70_000, 0).await;
@@ -108,9 +101,7 @@ fn a_killed_peer_turns_pending_ops_into_errors_and_others_go_on() {
             assert!(waited < Duration::from_secs(10), "{p}: took {waited:?}");
             eprintln!("{p}: {errors} writes failed, all resolved {waited:?} after the kill");
             // New writes to the dead peer fail fast.
-            let (r, _) = ep
-                .write_remote(rt.alloc(16).unwrap(), &remote.slice(0..16).unwrap())
-                .await;
+            let (r, _) = ep.write_remote(rt.alloc(16).unwrap(), &remote.slice(0..16).unwrap()).await;
             assert!(r.unwrap_err().is_peer_lost(), "{p}");
             // The other peer is unaffected.
             let recv = from_rt.recv(other.alloc(16).unwrap()).start();

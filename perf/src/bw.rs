@@ -36,10 +36,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
     let gbps = bytes * 8.0 / o.secs / 1e9;
     print(
         a.json,
-        &format!(
-            "bw: {} B writes, window {}, over {}, engine {:?}",
-            a.size, a.window, o.provider, a.engine
-        ),
+        &format!("bw: {} B writes, window {}, over {}, engine {:?}", a.size, a.window, o.provider, a.engine),
         &[
             ("bench", Val::S("bw".into())),
             ("provider", Val::S(o.provider)),
@@ -107,11 +104,7 @@ fn rt_client(c: &mut RtConn, a: &Common) -> Result<Outcome, BoxErr> {
         progress.done();
         let (r, _) = ep.send(rt.alloc(8)?).await;
         r?;
-        Ok(Outcome {
-            provider: rt.provider().to_string(),
-            secs,
-            cpu_pct,
-        })
+        Ok(Outcome { provider: rt.provider().to_string(), secs, cpu_pct })
     })
 }
 
@@ -140,9 +133,8 @@ fn raw_server(c: &mut RawConn, a: &Common) -> Result<f64, BoxErr> {
 fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
     let (addr, key) = (c.get()?, c.get()?);
     let total = a.warmup + a.iters;
-    let mems: Vec<usize> = (0..a.window)
-        .map(|_| c.eng.alloc(a.size, Access::LOCAL))
-        .collect::<Result<_, _>>()?;
+    let mems: Vec<usize> =
+        (0..a.window).map(|_| c.eng.alloc(a.size, Access::LOCAL)).collect::<Result<_, _>>()?;
     let mut free: Vec<usize> = (0..a.window).collect();
     let mut comps = Vec::with_capacity(64);
     let (mut issued, mut done) = (0, 0);
@@ -152,11 +144,7 @@ fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
     while done < total {
         while issued < total && !free.is_empty() {
             let slot = *free.last().expect("non-empty");
-            let kind = WrKind::Write {
-                remote_addr: addr,
-                key,
-                imm: None,
-            };
+            let kind = WrKind::Write { remote_addr: addr, key, imm: None };
             match c.eng.post(slot as u64, c.peer, kind, mems[slot], 0, a.size) {
                 Ok(_) => {
                     free.pop();
@@ -185,9 +173,5 @@ fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
     let cpu_pct = cpu.pct();
     progress.done();
     c.put(1)?;
-    Ok(Outcome {
-        provider: c.eng.caps().provider.clone(),
-        secs,
-        cpu_pct,
-    })
+    Ok(Outcome { provider: c.eng.caps().provider.clone(), secs, cpu_pct })
 }

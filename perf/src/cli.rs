@@ -2,10 +2,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "rdmalane-perf",
-    about = "Latency and bandwidth of rdmalane against the raw transport"
-)]
+#[command(name = "rdmalane-perf", about = "Latency and bandwidth of rdmalane against the raw transport")]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,

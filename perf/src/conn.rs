@@ -38,12 +38,7 @@ impl ServerChild {
                 engine,
             ])
             .args(["--size", &a.size.to_string(), "--iters", &a.iters.to_string()])
-            .args([
-                "--warmup",
-                &a.warmup.to_string(),
-                "--window",
-                &a.window.to_string(),
-            ])
+            .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
             .stdout(Stdio::piped())
             .spawn()?;
         let mut out = BufReader::new(child.stdout.take().expect("piped"));
@@ -117,17 +112,12 @@ pub struct RtConn {
 }
 
 fn tokio_rt() -> Result<tokio::runtime::Runtime, BoxErr> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?)
 }
 
 fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
-    let mut b = Runtime::builder()
-        .backend(rdmalane_efa::Libfabric)
-        .provider(&a.provider)
-        .driver(Driver::Inline);
+    let mut b =
+        Runtime::builder().backend(rdmalane_efa::Libfabric).provider(&a.provider).driver(Driver::Inline);
     if let Some(n) = &a.node {
         b = b.node(n);
     }
@@ -144,22 +134,14 @@ impl RtConn {
             std::io::stdout().flush()?;
             Ok::<_, BoxErr>(l.accept().await?)
         })?;
-        Ok(RtConn {
-            _tokio: tokio,
-            rt,
-            ep,
-        })
+        Ok(RtConn { _tokio: tokio, rt, ep })
     }
 
     pub fn client(a: &Common, addr: &str) -> Result<RtConn, BoxErr> {
         let tokio = tokio_rt()?;
         let rt = build_rt(a)?;
         let ep = tokio.block_on(rt.connect(addr.to_string()))?;
-        Ok(RtConn {
-            _tokio: tokio,
-            rt,
-            ep,
-        })
+        Ok(RtConn { _tokio: tokio, rt, ep })
     }
 }
 

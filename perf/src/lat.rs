@@ -35,10 +35,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     print(
         a.json,
-        &format!(
-            "lat: {} B send/recv ping-pong over {provider}, engine {:?}",
-            a.size, a.engine
-        ),
+        &format!("lat: {} B send/recv ping-pong over {provider}, engine {:?}", a.size, a.engine),
         &[
             ("bench", Val::S("lat".into())),
             ("provider", Val::S(provider)),
@@ -160,11 +157,7 @@ fn raw_side(
         let mut recv = post(c, 1, WrKind::Recv, r, a.size)?;
         for i in 0..total {
             wait_for(c, recv.into_iter().collect(), &mut comps)?;
-            recv = if i + 1 < total {
-                post(c, 1, WrKind::Recv, r, a.size)?
-            } else {
-                None
-            };
+            recv = if i + 1 < total { post(c, 1, WrKind::Recv, r, a.size)? } else { None };
             let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
             wait_for(c, send.into_iter().collect(), &mut comps)?;
         }

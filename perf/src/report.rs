@@ -44,20 +44,12 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(on: bool, total: usize) -> Progress {
-        Progress {
-            on,
-            last: Instant::now(),
-            total,
-        }
+        Progress { on, last: Instant::now(), total }
     }
     pub fn tick(&mut self, done: usize) {
         if self.on && self.last.elapsed() > Duration::from_secs(1) {
             self.last = Instant::now();
-            eprint!(
-                "\r  {done}/{} ({:.0}%)",
-                self.total,
-                100.0 * done as f64 / self.total.max(1) as f64
-            );
+            eprint!("\r  {done}/{} ({:.0}%)", self.total, 100.0 * done as f64 / self.total.max(1) as f64);
             let _ = std::io::stderr().flush();
         }
     }

@@ -19,8 +19,12 @@ const READY: u8 = 0x52;
 struct Hello {
     id: u64,
     provider: String,
-    name: Vec<u8>,
+    /// One fabric address per lane.
+    names: Vec<Vec<u8>>,
 }
+
+/// Lanes a hello may carry.
+const MAX_LANES: usize = 64;
 
 /// Accepts peers on a TCP address.
 #[derive(Debug)]
@@ -32,11 +36,7 @@ pub struct Listener {
 impl Listener {
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        self.tcp.local_addr().map_err(|e| Error::Io {
-            op: OpKind::Accept,
-            peer: "-".into(),
-            source: e,
-        })
+        self.tcp.local_addr().map_err(|e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e })
     }
 
     /// Wait for the next peer and complete the handshake with it. A peer that fails the
@@ -66,10 +66,7 @@ impl Runtime {
             peer: "-".into(),
             source: e,
         })?;
-        Ok(Listener {
-            rt: self.clone(),
-            tcp,
-        })
+        Ok(Listener { rt: self.clone(), tcp })
     }
 
     /// Connect to a listening peer; fails within the connect timeout when nobody answers.
@@ -101,32 +98,29 @@ async fn with_timeout<T>(
 ) -> Result<T> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => r,
-        Err(_) => Err(Error::Timeout {
-            op,
-            peer: peer.to_string(),
-            after_ms: limit.as_millis() as u64,
-        }),
+        Err(_) => Err(Error::Timeout { op, peer: peer.to_string(), after_ms: limit.as_millis() as u64 }),
     }
 }
 
 fn encode(h: &Hello) -> Vec<u8> {
-    let mut out = Vec::with_capacity(20 + h.provider.len() + h.name.len());
+    let mut out = Vec::with_capacity(64 + h.names.iter().map(|n| n.len() + 2).sum::<usize>());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&h.id.to_le_bytes());
     out.extend_from_slice(&(h.provider.len() as u16).to_le_bytes());
     out.extend_from_slice(h.provider.as_bytes());
-    out.extend_from_slice(&(h.name.len() as u16).to_le_bytes());
-    out.extend_from_slice(&h.name);
+    out.push(h.names.len() as u8);
+    for name in &h.names {
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(name);
+    }
     out
 }
 
 /// Read one hello, refusing anything malformed before allocating more than `MAX_FIELD`.
 async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
     let mut head = [0u8; 14];
-    s.read_exact(&mut head)
-        .await
-        .map_err(|e| format!("reading hello: {e}"))?;
+    s.read_exact(&mut head).await.map_err(|e| format!("reading hello: {e}"))?;
     if &head[0..4] != MAGIC {
         return Err("not an rdmalane peer (bad magic)".into());
     }
@@ -137,56 +131,82 @@ async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
     let id = u64::from_le_bytes(head[6..14].try_into().expect("8 bytes"));
     let provider = read_field(s, 64).await?;
     let provider = String::from_utf8(provider).map_err(|_| "provider name is not UTF-8".to_string())?;
-    let name = read_field(s, MAX_FIELD).await?;
-    Ok(Hello { id, provider, name })
+    let mut count = [0u8; 1];
+    s.read_exact(&mut count).await.map_err(|e| format!("reading hello: {e}"))?;
+    let count = count[0] as usize;
+    if count == 0 || count > MAX_LANES {
+        return Err(format!("{count} lanes (1 to {MAX_LANES})"));
+    }
+    let mut names = Vec::with_capacity(count);
+    for _ in 0..count {
+        names.push(read_field(s, MAX_FIELD).await?);
+    }
+    Ok(Hello { id, provider, names })
 }
 
 async fn read_field(s: &mut TcpStream, max: usize) -> std::result::Result<Vec<u8>, String> {
     let mut len = [0u8; 2];
-    s.read_exact(&mut len)
-        .await
-        .map_err(|e| format!("reading hello: {e}"))?;
+    s.read_exact(&mut len).await.map_err(|e| format!("reading hello: {e}"))?;
     let len = u16::from_le_bytes(len) as usize;
     if len > max {
         return Err(format!("field of {len} bytes exceeds the limit of {max}"));
     }
     let mut v = vec![0u8; len];
-    s.read_exact(&mut v)
-        .await
-        .map_err(|e| format!("reading hello: {e}"))?;
+    s.read_exact(&mut v).await.map_err(|e| format!("reading hello: {e}"))?;
     Ok(v)
 }
 
-async fn handshake(rt: &Runtime, mut s: TcpStream, addr: SocketAddr, op: OpKind) -> Result<Endpoint> {
+async fn handshake(rt: &Runtime, s: TcpStream, addr: SocketAddr, op: OpKind) -> Result<Endpoint> {
     let peer = addr.to_string();
-    let fail = |reason: String| Error::Handshake {
-        op,
-        peer: peer.clone(),
-        reason,
-    };
+    let lanes = rt.open_lanes(&peer)?;
+    let ids: Vec<_> = lanes.iter().map(|(l, _)| *l).collect();
+    let names = lanes.into_iter().map(|(_, n)| n).collect();
+    match meet(rt, s, addr, op, ids.clone(), names).await {
+        Ok(ep) => Ok(ep),
+        Err((e, added)) => {
+            match added {
+                Some(slot) => rt.remove_peer(slot),
+                None => rt.close_lanes(ids),
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The exchange itself; on failure says whether the peer was already added (then removing it
+/// closes the lanes).
+async fn meet(
+    rt: &Runtime,
+    mut s: TcpStream,
+    addr: SocketAddr,
+    op: OpKind,
+    lanes: Vec<usize>,
+    names: Vec<Vec<u8>>,
+) -> std::result::Result<Endpoint, (Error, Option<usize>)> {
+    let peer = addr.to_string();
+    let fail = |reason: String| Error::Handshake { op, peer: peer.clone(), reason };
     let _ = s.set_nodelay(true);
-    let me = Hello {
-        id: rt.id(),
-        provider: rt.provider().to_string(),
-        name: rt.local_name(),
-    };
-    s.write_all(&encode(&me))
-        .await
-        .map_err(|e| fail(format!("sending hello: {e}")))?;
-    let them = read_hello(&mut s).await.map_err(&fail)?;
+    let me = Hello { id: rt.id(), provider: rt.provider().to_string(), names };
+    s.write_all(&encode(&me)).await.map_err(|e| (fail(format!("sending hello: {e}")), None))?;
+    let them = read_hello(&mut s).await.map_err(|r| (fail(r), None))?;
     if them.provider != me.provider {
-        return Err(fail(format!(
-            "peer uses provider {:?}, this runtime {:?}",
-            them.provider, me.provider
-        )));
+        let why = format!("peer uses provider {:?}, this runtime {:?}", them.provider, me.provider);
+        return Err((fail(why), None));
     }
     if them.id == me.id {
-        return Err(fail("peer has this runtime's id (connected to itself?)".into()));
+        return Err((fail("peer has this runtime's id (connected to itself?)".into()), None));
+    }
+    // Both sides use as many lanes as the one with fewer opened.
+    let k = them.names.len().min(lanes.len());
+    if k < lanes.len() {
+        rt.close_lanes(lanes[k..].to_vec());
     }
     let label = format!("{addr}#{:x}", them.id);
-    let slot = rt.add_peer(them.name, label.clone())?;
-    // Both sides must know each other before the first message, or a directed receive could
-    // miss a message from a not-yet-inserted address.
+    let mut theirs = them.names;
+    theirs.truncate(k);
+    let slot = rt.add_peer(them.id, lanes[..k].to_vec(), theirs, label.clone()).map_err(|e| (e, None))?;
+    // Both sides must know each other before the first message, or a message could reach a
+    // lane not yet connected.
     let sync = async {
         s.write_all(&[READY]).await?;
         let mut b = [0u8; 1];
@@ -195,14 +215,8 @@ async fn handshake(rt: &Runtime, mut s: TcpStream, addr: SocketAddr, op: OpKind)
     };
     match sync.await {
         Ok(READY) => {}
-        Ok(b) => {
-            rt.remove_peer(slot);
-            return Err(fail(format!("unexpected byte {b:#x} instead of ready")));
-        }
-        Err(e) => {
-            rt.remove_peer(slot);
-            return Err(fail(format!("waiting for ready: {e}")));
-        }
+        Ok(b) => return Err((fail(format!("unexpected byte {b:#x} instead of ready")), Some(slot))),
+        Err(e) => return Err((fail(format!("waiting for ready: {e}")), Some(slot))),
     }
     let watch = watch_peer(rt.clone(), slot, s);
     Ok(Endpoint::new(rt.clone(), slot, them.id, label, Some(watch)))

@@ -34,13 +34,7 @@ impl Endpoint {
         label: String,
         watch: Option<tokio::task::JoinHandle<()>>,
     ) -> Endpoint {
-        Endpoint {
-            rt,
-            slot,
-            peer_id,
-            label,
-            _watch: watch,
-        }
+        Endpoint { rt, slot, peer_id, label, _watch: watch }
     }
 
     /// The peer runtime's id (descriptors it exposes carry it).
@@ -114,11 +108,7 @@ impl Endpoint {
         let (remote_addr, key) = (remote.addr(), remote.key());
         let kind = match op {
             OpKind::Read => WrKind::Read { remote_addr, key },
-            _ => WrKind::Write {
-                remote_addr,
-                key,
-                imm,
-            },
+            _ => WrKind::Write { remote_addr, key, imm },
         };
         self.submit(op, buf, kind)
     }
@@ -127,11 +117,7 @@ impl Endpoint {
         if remote.owner() != self.peer_id {
             return Err(Error::invalid(
                 op,
-                format!(
-                    "descriptor belongs to runtime {:x}, not to peer {}",
-                    remote.owner(),
-                    self.label
-                ),
+                format!("descriptor belongs to runtime {:x}, not to peer {}", remote.owner(), self.label),
             ));
         }
         let allowed = match op {
@@ -139,10 +125,7 @@ impl Endpoint {
             _ => remote.access().remote_write,
         };
         if !allowed {
-            return Err(Error::invalid(
-                op,
-                format!("the peer did not expose this region for {op}"),
-            ));
+            return Err(Error::invalid(op, format!("the peer did not expose this region for {op}")));
         }
         Ok(())
     }
@@ -171,6 +154,7 @@ impl Endpoint {
         let cell = OpCell::new(buf);
         let req = OpReq {
             peer: self.slot,
+            peer_id: self.peer_id,
             op,
             kind,
             seg,

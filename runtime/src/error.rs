@@ -80,11 +80,7 @@ impl std::error::Error for TransportError {}
 
 impl fmt::Display for TransportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} reported: {} (errno {})",
-            self.provider, self.text, self.errno
-        )
+        write!(f, "{} reported: {} (errno {})", self.provider, self.text, self.errno)
     }
 }
 
@@ -213,30 +209,17 @@ impl Error {
 
     pub(crate) fn from_transport(op: OpKind, peer: &str, e: TransportError) -> Error {
         match e.class {
-            FailureClass::RemoteAccess => Error::RemoteAccess {
-                op,
-                peer: peer.to_string(),
-                source: e,
-            },
-            FailureClass::PeerUnreachable => Error::PeerLost {
-                op,
-                peer: peer.to_string(),
-                reason: e.to_string(),
-            },
-            _ => Error::Transport {
-                op,
-                peer: peer.to_string(),
-                source: e,
-            },
+            FailureClass::RemoteAccess => Error::RemoteAccess { op, peer: peer.to_string(), source: e },
+            FailureClass::PeerUnreachable => {
+                Error::PeerLost { op, peer: peer.to_string(), reason: e.to_string() }
+            }
+            _ => Error::Transport { op, peer: peer.to_string(), source: e },
         }
     }
 
     /// An `InvalidArgument` error for `op`.
     pub fn invalid(op: OpKind, reason: impl Into<String>) -> Error {
-        Error::InvalidArgument {
-            op,
-            reason: reason.into(),
-        }
+        Error::InvalidArgument { op, reason: reason.into() }
     }
 }
 

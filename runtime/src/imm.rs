@@ -37,11 +37,7 @@ impl ImmQueue {
     }
 
     pub(crate) fn try_pop(&self) -> Option<ImmEvent> {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .events
-            .pop_front()
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).events.pop_front()
     }
 }
 

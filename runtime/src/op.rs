@@ -37,13 +37,7 @@ pub(crate) struct OpCell<B> {
 
 impl<B: Send> OpCell<B> {
     pub(crate) fn new(buf: B) -> Arc<OpCell<B>> {
-        Arc::new(OpCell {
-            state: Mutex::new(State {
-                waker: None,
-                result: None,
-                buf: Some(buf),
-            }),
-        })
+        Arc::new(OpCell { state: Mutex::new(State { waker: None, result: None, buf: Some(buf) }) })
     }
 }
 
@@ -86,10 +80,7 @@ pub(crate) fn len_of(d: Done) -> usize {
 
 impl<B: Send, T> Op<B, T> {
     pub(crate) fn new(rt: Runtime, req: OpReq, cell: Arc<OpCell<B>>, map: fn(Done) -> T) -> Op<B, T> {
-        Op {
-            inner: Inner::Unsubmitted(rt, Some(req), cell),
-            map,
-        }
+        Op { inner: Inner::Unsubmitted(rt, Some(req), cell), map }
     }
 
     /// Serve this op in `class` instead of the class its size gives it.
@@ -124,10 +115,7 @@ impl<B: Send, T> Op<B, T> {
     }
 
     pub(crate) fn failed(err: Error, buf: B, map: fn(Done) -> T) -> Op<B, T> {
-        Op {
-            inner: Inner::Ready(Some((Err(err), buf))),
-            map,
-        }
+        Op { inner: Inner::Ready(Some((Err(err), buf))), map }
     }
 }
 

@@ -60,20 +60,13 @@ impl Endpoint {
     /// arrive.
     pub fn recv_stream(&self, count: usize, size: usize) -> Result<RecvStream<'_>> {
         if count == 0 {
-            return Err(Error::invalid(
-                OpKind::Recv,
-                "a receive pool needs at least one buffer",
-            ));
+            return Err(Error::invalid(OpKind::Recv, "a receive pool needs at least one buffer"));
         }
         let posted = FuturesUnordered::new();
         for _ in 0..count {
             posted.push(self.recv(self.runtime().alloc(size)?));
         }
-        Ok(RecvStream {
-            ep: self,
-            posted,
-            returned: Arc::default(),
-        })
+        Ok(RecvStream { ep: self, posted, returned: Arc::default() })
     }
 }
 
@@ -88,11 +81,9 @@ impl Stream for RecvStream<'_> {
             self.posted.push(op);
         }
         match self.posted.poll_next_unpin(cx) {
-            Poll::Ready(Some((Ok(len), buf))) => Poll::Ready(Some(Ok(RecvMsg {
-                buf: Some(buf),
-                len,
-                home: self.returned.clone(),
-            }))),
+            Poll::Ready(Some((Ok(len), buf))) => {
+                Poll::Ready(Some(Ok(RecvMsg { buf: Some(buf), len, home: self.returned.clone() })))
+            }
             Poll::Ready(Some((Err(e), buf))) => {
                 // Keep the pool whole unless the peer is gone.
                 if !e.is_peer_lost() && !matches!(e, Error::Shutdown { .. }) {

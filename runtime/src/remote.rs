@@ -24,13 +24,7 @@ impl RemoteBuf {
     pub const ENCODED_LEN: usize = 4 + 1 + 1 + 2 + 8 * 4;
 
     pub(crate) fn new(owner: u64, addr: u64, len: u64, key: u64, access: Access) -> RemoteBuf {
-        RemoteBuf {
-            owner,
-            addr,
-            len,
-            key,
-            access,
-        }
+        RemoteBuf { owner, addr, len, key, access }
     }
 
     /// The id of the runtime that exposed the memory.
@@ -78,22 +72,13 @@ impl RemoteBuf {
                 len: self.len,
             });
         }
-        Ok(RemoteBuf {
-            addr: self.addr + start,
-            len: end - start,
-            ..*self
-        })
+        Ok(RemoteBuf { addr: self.addr + start, len: end - start, ..*self })
     }
 
     /// Check that `want` bytes at `offset` fit, for `op`.
     pub(crate) fn check(&self, op: OpKind, offset: u64, want: u64) -> Result<()> {
         if offset.checked_add(want).is_none_or(|end| end > self.len) {
-            return Err(Error::OutOfBounds {
-                op,
-                offset,
-                want,
-                len: self.len,
-            });
+            return Err(Error::OutOfBounds { op, offset, want, len: self.len });
         }
         Ok(())
     }
@@ -127,21 +112,12 @@ impl RemoteBuf {
             return Err(bad("unknown flags"));
         }
         let word = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"));
-        let access = Access {
-            remote_read: b[5] & 1 != 0,
-            remote_write: b[5] & 2 != 0,
-        };
+        let access = Access { remote_read: b[5] & 1 != 0, remote_write: b[5] & 2 != 0 };
         let (owner, addr, len, key) = (word(0), word(1), word(2), word(3));
         if addr.checked_add(len).is_none() {
             return Err(bad("range wraps around the address space"));
         }
-        Ok(RemoteBuf {
-            owner,
-            addr,
-            len,
-            key,
-            access,
-        })
+        Ok(RemoteBuf { owner, addr, len, key, access })
     }
 }
 

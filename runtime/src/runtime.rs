@@ -15,7 +15,7 @@ use crate::reactor::thread::{self, Idle, IdlePolicy};
 use crate::reactor::Reactor;
 use crate::sched::{SchedConfig, TenantId};
 use crate::stats::{Counters, Stats};
-use crate::transport::{Access, Backend, Caps, MemoryRegion, Notify, TransportConfig};
+use crate::transport::{Access, Backend, Caps, LaneId, MemoryRegion, Notify, TransportConfig};
 
 /// Who drives the reactor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,7 +40,7 @@ pub struct Builder {
     driver: Driver,
     idle: IdlePolicy,
     connect_timeout: Duration,
-    peer_grace: Duration,
+    lanes: usize,
     sched: SchedConfig,
 }
 
@@ -51,12 +51,9 @@ impl Default for Builder {
             config: TransportConfig::default(),
             core: None,
             driver: Driver::Thread,
-            idle: IdlePolicy {
-                spin: Duration::from_micros(200),
-                max_sleep: Duration::from_millis(2),
-            },
+            idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(2) },
             connect_timeout: Duration::from_secs(5),
-            peer_grace: Duration::from_secs(2),
+            lanes: 1,
             sched: SchedConfig::default(),
         }
     }
@@ -106,10 +103,10 @@ impl Builder {
         self
     }
 
-    /// How long a lost peer's posted ops may take to fail on their own before the peer is
-    /// removed from the address vector to flush them.
-    pub fn peer_loss_grace(mut self, t: Duration) -> Self {
-        self.peer_grace = t;
+    /// Lanes (transport endpoints, QPs) per peer: bulk chunks rotate over them
+    /// (`RDMALANE_LANES` when unset here).
+    pub fn lanes(mut self, n: usize) -> Self {
+        self.lanes = n;
         self
     }
 
@@ -123,10 +120,7 @@ impl Builder {
     /// Open the transport and start the reactor.
     pub fn build(self) -> Result<Runtime> {
         let backend = self.backend.ok_or_else(|| {
-            Error::invalid(
-                OpKind::Open,
-                "no backend: call .backend(rdmalane_efa::Libfabric::default())",
-            )
+            Error::invalid(OpKind::Open, "no backend: call .backend(rdmalane_efa::Libfabric::default())")
         })?;
         let mut config = self.config;
         if config.provider.is_none() {
@@ -135,13 +129,18 @@ impl Builder {
         if config.node.is_none() {
             config.node = std::env::var("RDMALANE_NODE").ok().filter(|s| !s.is_empty());
         }
-        let core = self
-            .core
-            .or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
+        let core = self.core.or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
         config.no_wait_object = self.driver == Driver::Inline;
         let transport = backend.open(&config)?;
+        let lanes = if self.lanes != 1 {
+            self.lanes
+        } else {
+            std::env::var("RDMALANE_LANES").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
+        };
+        if !(1..=64).contains(&lanes) {
+            return Err(Error::invalid(OpKind::Open, format!("{lanes} lanes per peer (1 to 64)")));
+        }
         let caps = transport.caps().clone();
-        let name = transport.local_name();
         let notifier = transport.notifier();
         let (tx, rx) = mpsc::channel();
         let imm = Arc::new(ImmQueue::default());
@@ -150,15 +149,7 @@ impl Builder {
         let mut sched = self.sched;
         sched.apply_env();
         tracing::debug!(?sched, "scheduler");
-        let reactor = Reactor::new(
-            transport,
-            rx,
-            imm.clone(),
-            self.peer_grace,
-            counters.clone(),
-            idle.clone(),
-            sched,
-        );
+        let reactor = Reactor::new(transport, rx, imm.clone(), counters.clone(), idle.clone(), sched);
         let (inline, thread) = match self.driver {
             Driver::Inline => (Some(Mutex::new(reactor)), None),
             Driver::Thread => {
@@ -181,7 +172,7 @@ impl Builder {
         Ok(Runtime {
             inner: Arc::new(Inner {
                 id: rand::random::<u64>() | 1,
-                name,
+                lanes,
                 caps,
                 tx,
                 idle,
@@ -199,7 +190,7 @@ impl Builder {
 
 struct Inner {
     id: u64,
-    name: Vec<u8>,
+    lanes: usize,
     caps: Caps,
     tx: Sender<Cmd>,
     idle: Arc<Idle>,
@@ -217,9 +208,7 @@ impl Drop for Inner {
         self.idle.shutdown.store(true, Ordering::SeqCst);
         self.notifier.notify();
         if let Some(r) = &mut self.inline {
-            r.get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .shutdown(Duration::from_secs(2));
+            r.get_mut().unwrap_or_else(|p| p.into_inner()).shutdown(Duration::from_secs(2));
         }
         let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         // The last handle can be dropped on the reactor thread itself (a buffer freed by a
@@ -269,9 +258,9 @@ impl Runtime {
         &self.inner.caps.provider
     }
 
-    /// This runtime's fabric address, as peers insert it.
-    pub fn local_name(&self) -> Vec<u8> {
-        self.inner.name.clone()
+    /// Lanes opened per peer.
+    pub fn lanes(&self) -> usize {
+        self.inner.lanes
     }
 
     /// A handle that does not keep the runtime alive.
@@ -296,9 +285,7 @@ impl Runtime {
 
     /// The next immediate value a peer's `write_with_imm` raised here.
     pub fn next_imm(&self) -> NextImm {
-        NextImm {
-            q: self.inner.imm.clone(),
-        }
+        NextImm { q: self.inner.imm.clone() }
     }
 
     /// An immediate event if one has arrived.
@@ -395,45 +382,44 @@ impl Runtime {
     }
 
     pub(crate) fn register_region(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        let op = if access.is_remote() {
-            OpKind::Expose
-        } else {
-            OpKind::Register
-        };
-        self.call(op, |reply| Cmd::Register {
-            ptr: ptr as usize,
-            len,
-            access,
-            reply,
-        })?
-        .map_err(|e| Error::from_transport(op, "-", e))
+        let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
+        self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
+            .map_err(|e| Error::from_transport(op, "-", e))
     }
 
     /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration.
     pub(crate) fn release_region(&self, id: u64, keep: Option<Box<dyn std::any::Any + Send>>) {
-        if let Err(Cmd::Deregister { keep, .. }) = self.send(Cmd::Deregister {
-            id,
-            keep,
-            reply: None,
-        }) {
+        if let Err(Cmd::Deregister { keep, .. }) = self.send(Cmd::Deregister { id, keep, reply: None }) {
             // The reactor is gone and the transport with it: nothing can reach the memory now.
             drop(keep);
         }
     }
 
     pub(crate) fn deregister_now(&self, id: u64) -> Result<()> {
-        self.call(OpKind::Expose, |reply| Cmd::Deregister {
-            id,
-            keep: None,
-            reply: Some(reply),
-        })?
-        .map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e))
+        self.call(OpKind::Expose, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })?
+            .map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e))
     }
 
-    pub(crate) fn add_peer(&self, name: Vec<u8>, label: String) -> Result<usize> {
+    pub(crate) fn open_lanes(&self, peer: &str) -> Result<Vec<(LaneId, Vec<u8>)>> {
+        let n = self.inner.lanes;
+        self.call(OpKind::Connect, |reply| Cmd::OpenLanes { n, reply })?
+            .map_err(|e| Error::from_transport(OpKind::Connect, peer, e))
+    }
+
+    pub(crate) fn add_peer(
+        &self,
+        id: u64,
+        lanes: Vec<LaneId>,
+        names: Vec<Vec<u8>>,
+        label: String,
+    ) -> Result<usize> {
         let peer = label.clone();
-        self.call(OpKind::Connect, |reply| Cmd::AddPeer { name, label, reply })?
+        self.call(OpKind::Connect, |reply| Cmd::AddPeer { id, lanes, names, label, reply })?
             .map_err(|e| Error::from_transport(OpKind::Connect, &peer, e))
+    }
+
+    pub(crate) fn close_lanes(&self, lanes: Vec<LaneId>) {
+        let _ = self.send(Cmd::CloseLanes { lanes });
     }
 
     pub(crate) fn remove_peer(&self, slot: usize) {

@@ -9,6 +9,9 @@ use crate::error::TransportError;
 /// A peer's address in the transport's address vector.
 pub type PeerAddr = u64;
 
+/// A lane: one transport endpoint (a libfabric endpoint, a verbs QP) serving one peer.
+pub type LaneId = usize;
+
 /// Access a memory registration grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {
@@ -20,25 +23,13 @@ pub struct Access {
 
 impl Access {
     /// Local use only: sends, receives, sources and targets of our own one-sided ops.
-    pub const LOCAL: Access = Access {
-        remote_read: false,
-        remote_write: false,
-    };
+    pub const LOCAL: Access = Access { remote_read: false, remote_write: false };
     /// Peers may read it.
-    pub const READ: Access = Access {
-        remote_read: true,
-        remote_write: false,
-    };
+    pub const READ: Access = Access { remote_read: true, remote_write: false };
     /// Peers may write it.
-    pub const WRITE: Access = Access {
-        remote_read: false,
-        remote_write: true,
-    };
+    pub const WRITE: Access = Access { remote_read: false, remote_write: true };
     /// Peers may read and write it.
-    pub const READ_WRITE: Access = Access {
-        remote_read: true,
-        remote_write: true,
-    };
+    pub const READ_WRITE: Access = Access { remote_read: true, remote_write: true };
 
     /// True when peers get any access.
     pub fn is_remote(self) -> bool {
@@ -124,12 +115,18 @@ pub enum WrKind {
     Recv,
 }
 
+/// Work request ids: the low bits name a slot the caller reuses only after that request's
+/// completion (transports may keep per-slot state); the high bits make each id unique.
+pub const WR_SLOT_MASK: u64 = (1 << 24) - 1;
+
 /// One work request for [`Transport::post`].
 #[derive(Debug)]
 pub struct WorkRequest<'a> {
     /// Returned in the completion.
     pub id: u64,
-    /// The peer.
+    /// The lane to post on.
+    pub lane: LaneId,
+    /// The peer (as `connect_lane` returned it for this lane).
     pub peer: PeerAddr,
     /// What to do.
     pub kind: WrKind,
@@ -192,14 +189,16 @@ pub trait Transport: Send {
     /// What the transport can do.
     fn caps(&self) -> &Caps;
 
-    /// This endpoint's address, to be handed to peers.
-    fn local_name(&self) -> Vec<u8>;
+    /// Open a lane (an endpoint of its own) and return it with its address for the peer.
+    fn open_lane(&mut self) -> Result<(LaneId, Vec<u8>), TransportError>;
 
-    /// Make a peer reachable from its address.
-    fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr, TransportError>;
+    /// Point a lane at the peer's lane with address `name`; returns the peer's address to post
+    /// to on this lane.
+    fn connect_lane(&mut self, lane: LaneId, name: &[u8]) -> Result<PeerAddr, TransportError>;
 
-    /// Forget a peer.
-    fn remove_peer(&mut self, peer: PeerAddr);
+    /// Close a lane. Once this returns, no request posted on it touches memory again and none
+    /// of their completions will come: the caller owns their buffers again.
+    fn close_lane(&mut self, lane: LaneId);
 
     /// Register `len` bytes at `ptr`.
     ///
@@ -221,10 +220,6 @@ pub trait Transport: Send {
     /// Every segment's memory must stay valid (and, for receives and reads, not be accessed by
     /// anyone else) until `poll` returns the request's completion.
     unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError>;
-
-    /// Ask the provider to cancel a posted request; its completion (an error) still comes
-    /// from `poll`. Used for receives from a peer that is gone.
-    fn cancel(&mut self, id: u64);
 
     /// Drive progress and append up to `max` completions to `out`; returns how many.
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;

@@ -22,11 +22,8 @@ pub fn runtime(provider: &str) -> Runtime {
 
 /// Run `f` on a fresh tokio runtime; a test that passes `secs` fails (a hang is a failure).
 pub fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio");
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
     rt.block_on(async {
         match tokio::time::timeout(Duration::from_secs(secs), f).await {
             Ok(v) => v,
@@ -64,10 +61,8 @@ pub async fn share(from: &Endpoint, to: &Endpoint, desc: RemoteBuf) -> RemoteBuf
     let (rf, rt) = (from.runtime(), to.runtime());
     let mut msg = rf.alloc(RemoteBuf::ENCODED_LEN).expect("alloc");
     msg.copy_from_slice(&desc.to_bytes());
-    let ((s, _), (n, b)) = tokio::join!(
-        from.send(msg),
-        to.recv(rt.alloc(RemoteBuf::ENCODED_LEN).expect("alloc"))
-    );
+    let ((s, _), (n, b)) =
+        tokio::join!(from.send(msg), to.recv(rt.alloc(RemoteBuf::ENCODED_LEN).expect("alloc")));
     s.expect("send descriptor");
     RemoteBuf::from_bytes(&b[..n.expect("recv descriptor")]).expect("decode")
 }
@@ -87,9 +82,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 /// FNV-1a, for comparing large buffers across processes.
 pub fn hash(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-        (h ^ x as u64).wrapping_mul(0x1000_0000_01b3)
-    })
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x1000_0000_01b3))
 }
 
 /// The peer process (`src/bin/peer.rs`), killed when dropped.
@@ -103,11 +96,8 @@ pub struct PeerProcess {
 impl PeerProcess {
     /// Start the peer on `provider` and wait until it listens.
     pub fn spawn(bin: &str, provider: &str) -> PeerProcess {
-        let mut child = Command::new(bin)
-            .args([provider])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn peer");
+        let mut child =
+            Command::new(bin).args([provider]).stdout(Stdio::piped()).spawn().expect("spawn peer");
         let mut out = BufReader::new(child.stdout.take().expect("piped"));
         let mut line = String::new();
         out.read_line(&mut line).expect("peer output");

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdmalane::transport::{
-    Access, Caps, Completion, LocalSeg, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
+    Access, Caps, Completion, LaneId, LocalSeg, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
     WorkRequest, WrKind,
 };
 use rdmalane::{Error, OpKind, Result, TransportError};
@@ -30,6 +30,14 @@ struct Ctx {
     id: u64,
 }
 
+/// One lane: an endpoint and its own completion queue.
+struct Lane {
+    ep: *mut ffi::fid_ep,
+    cq: *mut ffi::fid_cq,
+    fd: Option<i32>,
+    addr: Option<ffi::fi_addr_t>,
+}
+
 /// The libfabric transport: see the crate docs.
 pub struct FabricTransport {
     // Kept until the fids are closed; freed after them (fields drop after Drop::drop).
@@ -37,8 +45,11 @@ pub struct FabricTransport {
     fabric: *mut ffi::fid_fabric,
     domain: *mut ffi::fid_domain,
     av: *mut ffi::fid_av,
-    cq: *mut ffi::fid_cq,
-    ep: *mut ffi::fid_ep,
+    /// One endpoint and completion queue per lane: closing a lane closes both, so nothing of a
+    /// closed lane lingers in a queue another lane uses.
+    lanes: Slab<Lane>,
+    /// Open lane CQs with a wait object (FI_WAIT_FD) where the provider has one.
+    wait_fd: bool,
     caps: Caps,
     mr_mode: u32,
     key_mask: u64,
@@ -47,7 +58,6 @@ pub struct FabricTransport {
     // Boxed: the provider holds their addresses while requests are posted, and the Vec grows.
     #[allow(clippy::vec_box)]
     ctxs: Vec<Box<Ctx>>,
-    cq_fd: Option<i32>,
     efd: Arc<EventFd>,
     entries: Vec<ffi::fi_cq_data_entry>,
 }
@@ -61,11 +71,7 @@ fn check(ret: impl Into<i64>, prov: &str, what: &str) -> Result<()> {
     if ret == 0 {
         Ok(())
     } else {
-        Err(Error::Transport {
-            op: OpKind::Open,
-            peer: "-".into(),
-            source: terr(prov, ret, what),
-        })
+        Err(Error::Transport { op: OpKind::Open, peer: "-".into(), source: terr(prov, ret, what) })
     }
 }
 
@@ -106,8 +112,8 @@ impl FabricTransport {
             fabric: ptr::null_mut(),
             domain: ptr::null_mut(),
             av: ptr::null_mut(),
-            cq: ptr::null_mut(),
-            ep: ptr::null_mut(),
+            lanes: Slab::new(),
+            wait_fd: false,
             caps: Caps {
                 provider: prov.to_string(),
                 max_msg_size: 0,
@@ -123,7 +129,6 @@ impl FabricTransport {
             delivery_complete: false,
             mrs: Slab::new(),
             ctxs: Vec::new(),
-            cq_fd: None,
             efd: Arc::new(EventFd::new().map_err(|e| Error::Io {
                 op: OpKind::Open,
                 peer: "-".into(),
@@ -150,68 +155,21 @@ impl FabricTransport {
             // FI_DELIVERY_COMPLETE is the data at the target. shm and efa place data first.
             t.delivery_complete = !(prov == "shm" || prov == "efa");
 
-            check(
-                ffi::fi_fabric(i.fabric_attr, &mut t.fabric, ptr::null_mut()),
-                prov,
-                "fi_fabric",
-            )?;
-            check(
-                ffi::fi_domain(t.fabric, info, &mut t.domain, ptr::null_mut()),
-                prov,
-                "fi_domain",
-            )?;
+            check(ffi::fi_fabric(i.fabric_attr, &mut t.fabric, ptr::null_mut()), prov, "fi_fabric")?;
+            check(ffi::fi_domain(t.fabric, info, &mut t.domain, ptr::null_mut()), prov, "fi_domain")?;
 
-            let mut cq_attr = ffi::fi_cq_attr {
-                format: ffi::fi_cq_format_FI_CQ_FORMAT_DATA,
-                wait_obj: ffi::fi_wait_obj_FI_WAIT_FD,
-                size: 0,
-                ..Default::default()
-            };
-            if wait_fd && ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()) == 0 {
-                let mut fd: i32 = -1;
-                let r = ffi::fi_control(
-                    &mut (*t.cq).fid,
-                    ffi::FI_GETWAIT as i32,
-                    &mut fd as *mut i32 as *mut _,
-                );
-                if r == 0 && fd >= 0 {
-                    t.cq_fd = Some(fd);
+            // Probe once whether this provider's CQs have a wait fd.
+            if wait_fd {
+                if let Ok((cq, fd)) = t.open_cq(true) {
+                    t.wait_fd = fd.is_some();
+                    ffi::fi_close(&mut (*cq).fid);
                 }
-            } else {
-                // No wait object (shm has none; busy-polling drivers want none): an idle reactor
-                // backs off with short sleeps instead.
-                t.cq = ptr::null_mut();
-                cq_attr.wait_obj = ffi::fi_wait_obj_FI_WAIT_NONE;
-                check(
-                    ffi::fi_cq_open(t.domain, &mut cq_attr, &mut t.cq, ptr::null_mut()),
-                    prov,
-                    "fi_cq_open",
-                )?;
             }
-            t.caps.wait_fd = t.cq_fd.is_some();
+            t.caps.wait_fd = t.wait_fd;
 
-            let mut av_attr = ffi::fi_av_attr {
-                type_: ffi::fi_av_type_FI_AV_TABLE,
-                count: 64,
-                ..Default::default()
-            };
-            check(
-                ffi::fi_av_open(t.domain, &mut av_attr, &mut t.av, ptr::null_mut()),
-                prov,
-                "fi_av_open",
-            )?;
-            check(
-                ffi::fi_endpoint(t.domain, info, &mut t.ep, ptr::null_mut()),
-                prov,
-                "fi_endpoint",
-            )?;
-            check(ffi::fi_ep_bind(t.ep, &mut (*t.av).fid, 0), prov, "fi_ep_bind(av)")?;
-            check(
-                ffi::fi_ep_bind(t.ep, &mut (*t.cq).fid, (ffi::FI_TRANSMIT | ffi::FI_RECV) as u64),
-                prov,
-                "fi_ep_bind(cq)",
-            )?;
-            check(ffi::fi_enable(t.ep), prov, "fi_enable")?;
+            let mut av_attr =
+                ffi::fi_av_attr { type_: ffi::fi_av_type_FI_AV_TABLE, count: 64, ..Default::default() };
+            check(ffi::fi_av_open(t.domain, &mut av_attr, &mut t.av, ptr::null_mut()), prov, "fi_av_open")?;
         }
         tracing::info!(
             provider = %prov,
@@ -224,26 +182,57 @@ impl FabricTransport {
         Ok(t)
     }
 
+    /// A completion queue, with a wait fd when asked for and available.
+    fn open_cq(&mut self, want_fd: bool) -> Result<(*mut ffi::fid_cq, Option<i32>), TransportError> {
+        let mut cq: *mut ffi::fid_cq = ptr::null_mut();
+        let mut attr = ffi::fi_cq_attr {
+            format: ffi::fi_cq_format_FI_CQ_FORMAT_DATA,
+            wait_obj: ffi::fi_wait_obj_FI_WAIT_FD,
+            ..Default::default()
+        };
+        // SAFETY: opening a CQ on our domain into a local out-pointer.
+        if want_fd && unsafe { ffi::fi_cq_open(self.domain, &mut attr, &mut cq, ptr::null_mut()) } == 0 {
+            let mut fd: i32 = -1;
+            // SAFETY: FI_GETWAIT on an FD-wait CQ writes an int.
+            let r = unsafe {
+                ffi::fi_control(&mut (*cq).fid, ffi::FI_GETWAIT as i32, &mut fd as *mut i32 as *mut _)
+            };
+            if r == 0 && fd >= 0 {
+                return Ok((cq, Some(fd)));
+            }
+            // SAFETY: closing the CQ just opened.
+            unsafe { ffi::fi_close(&mut (*cq).fid) };
+        }
+        // No wait object (shm has none; busy-polling drivers want none): an idle reactor backs
+        // off with short sleeps instead.
+        attr.wait_obj = ffi::fi_wait_obj_FI_WAIT_NONE;
+        // SAFETY: as above.
+        let r = unsafe { ffi::fi_cq_open(self.domain, &mut attr, &mut cq, ptr::null_mut()) };
+        if r != 0 {
+            return Err(self.err(r, "fi_cq_open"));
+        }
+        Ok((cq, None))
+    }
+
     fn err(&self, ret: impl Into<i64>, what: &str) -> TransportError {
         terr(&self.caps.provider, ret, what)
     }
 
+    /// The context for request `id`: one per slot (the low bits of the id, reused only after
+    /// the slot's request completed), stamped with the whole id.
     fn ctx(&mut self, id: u64) -> *mut std::ffi::c_void {
-        let i = id as usize;
+        let i = (id & rdmalane::transport::WR_SLOT_MASK) as usize;
         while self.ctxs.len() <= i {
-            let id = self.ctxs.len() as u64;
-            self.ctxs.push(Box::new(Ctx {
-                fi: ffi::fi_context2::default(),
-                id,
-            }));
+            self.ctxs.push(Box::new(Ctx { fi: ffi::fi_context2::default(), id: 0 }));
         }
+        self.ctxs[i].id = id;
         &mut *self.ctxs[i] as *mut Ctx as *mut _
     }
 
-    fn cq_error(&mut self, out: &mut Vec<Completion>) {
+    fn cq_error(&self, cq: *mut ffi::fid_cq, out: &mut Vec<Completion>) {
         let mut e = ffi::fi_cq_err_entry::default();
         // SAFETY: reading one error entry into a zeroed struct we own.
-        let r = unsafe { ffi::fi_cq_readerr(self.cq, &mut e, 0) };
+        let r = unsafe { ffi::fi_cq_readerr(cq, &mut e, 0) };
         if r < 0 {
             return;
         }
@@ -251,7 +240,7 @@ impl FabricTransport {
         // SAFETY: the provider formats into our buffer and returns a pointer into it or to a
         // static string.
         let prov_text = unsafe {
-            let p = ffi::fi_cq_strerror(self.cq, e.prov_errno, e.err_data, buf.as_mut_ptr(), buf.len());
+            let p = ffi::fi_cq_strerror(cq, e.prov_errno, e.err_data, buf.as_mut_ptr(), buf.len());
             if p.is_null() {
                 String::new()
             } else {
@@ -261,11 +250,7 @@ impl FabricTransport {
         let status = TransportError {
             provider: self.caps.provider.clone(),
             errno: e.err,
-            text: format!(
-                "{} (provider: {prov_text}, prov_errno {})",
-                fi_error(e.err),
-                e.prov_errno
-            ),
+            text: format!("{} (provider: {prov_text}, prov_errno {})", fi_error(e.err), e.prov_errno),
             class: classify(e.err),
         };
         if e.op_context.is_null() {
@@ -274,12 +259,7 @@ impl FabricTransport {
         }
         // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
         let id = unsafe { (*(e.op_context as *const Ctx)).id };
-        out.push(Completion::Op {
-            id,
-            len: 0,
-            imm: None,
-            status: Err(status),
-        });
+        out.push(Completion::Op { id, len: 0, imm: None, status: Err(status) });
     }
 }
 
@@ -288,50 +268,83 @@ impl Transport for FabricTransport {
         &self.caps
     }
 
-    fn local_name(&self) -> Vec<u8> {
+    fn open_lane(&mut self) -> Result<(LaneId, Vec<u8>), TransportError> {
+        let (cq, fd) = self.open_cq(self.wait_fd)?;
+        let mut ep: *mut ffi::fid_ep = ptr::null_mut();
+        let prov = self.caps.provider.clone();
+        let step = |r: i32, what: &str| if r == 0 { Ok(()) } else { Err(terr(&prov, r, what)) };
+        // SAFETY: opening an endpoint on our domain from our info, binding our AV and CQ; on
+        // any failure the endpoint is closed before returning.
+        let res = unsafe {
+            step(ffi::fi_endpoint(self.domain, self._info.0, &mut ep, ptr::null_mut()), "fi_endpoint")
+                .and_then(|_| step(ffi::fi_ep_bind(ep, &mut (*self.av).fid, 0), "fi_ep_bind(av)"))
+                .and_then(|_| {
+                    let flags = (ffi::FI_TRANSMIT | ffi::FI_RECV) as u64;
+                    step(ffi::fi_ep_bind(ep, &mut (*cq).fid, flags), "fi_ep_bind(cq)")
+                })
+                .and_then(|_| step(ffi::fi_enable(ep), "fi_enable"))
+        };
+        if let Err(e) = res {
+            // SAFETY: closing what we just opened, endpoint first.
+            unsafe {
+                if !ep.is_null() {
+                    ffi::fi_close(&mut (*ep).fid);
+                }
+                ffi::fi_close(&mut (*cq).fid);
+            }
+            return Err(e);
+        }
         let mut buf = vec![0u8; 256];
         let mut len = buf.len();
         // SAFETY: the endpoint is open; buf/len describe writable memory.
-        let mut r = unsafe { ffi::fi_getname(&mut (*self.ep).fid, buf.as_mut_ptr() as *mut _, &mut len) };
+        let mut r = unsafe { ffi::fi_getname(&mut (*ep).fid, buf.as_mut_ptr() as *mut _, &mut len) };
         if r == -(ffi::FI_ETOOSMALL as i32) {
             buf.resize(len, 0);
             // SAFETY: as above, with the size the provider asked for.
-            r = unsafe { ffi::fi_getname(&mut (*self.ep).fid, buf.as_mut_ptr() as *mut _, &mut len) };
+            r = unsafe { ffi::fi_getname(&mut (*ep).fid, buf.as_mut_ptr() as *mut _, &mut len) };
         }
-        assert_eq!(r, 0, "fi_getname: {}", fi_error(r));
+        if r != 0 {
+            // SAFETY: closing what we just opened, endpoint first.
+            unsafe {
+                ffi::fi_close(&mut (*ep).fid);
+                ffi::fi_close(&mut (*cq).fid);
+            }
+            return Err(self.err(r, "fi_getname"));
+        }
         buf.truncate(len);
-        buf
+        Ok((self.lanes.insert(Lane { ep, cq, fd, addr: None }), buf))
     }
 
-    fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr, TransportError> {
+    fn connect_lane(&mut self, lane: LaneId, name: &[u8]) -> Result<PeerAddr, TransportError> {
+        if !self.lanes.contains(lane) {
+            return Err(self.err(-(ffi::FI_EINVAL as i64), "connect_lane: no such lane"));
+        }
         let mut addr: ffi::fi_addr_t = 0;
         // SAFETY: `name` is a peer address of this provider's format (the handshake checked the
         // provider); libfabric copies it.
         let n = unsafe {
-            ffi::fi_av_insert(
-                self.av,
-                name.as_ptr() as *const _,
-                1,
-                &mut addr,
-                0,
-                ptr::null_mut(),
-            )
+            ffi::fi_av_insert(self.av, name.as_ptr() as *const _, 1, &mut addr, 0, ptr::null_mut())
         };
         if n != 1 {
-            return Err(self.err(
-                if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) },
-                "fi_av_insert",
-            ));
+            return Err(self.err(if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) }, "fi_av_insert"));
         }
+        self.lanes[lane].addr = Some(addr);
         Ok(addr)
     }
 
-    fn remove_peer(&mut self, peer: PeerAddr) {
-        let mut a = peer;
-        // SAFETY: removing an address this AV returned.
-        let r = unsafe { ffi::fi_av_remove(self.av, &mut a, 1, 0) };
+    fn close_lane(&mut self, lane: LaneId) {
+        let Some(Lane { ep, cq, addr, .. }) = self.lanes.try_remove(lane) else { return };
+        // SAFETY: closing an endpoint we opened, once; libfabric discards what is posted on it.
+        // Then its CQ, with whatever completions it still held.
+        let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
         if r != 0 {
-            tracing::debug!(error = %fi_error(r), "fi_av_remove");
+            tracing::warn!(lane, error = %fi_error(r), "fi_close(ep)");
+        }
+        // SAFETY: as above.
+        unsafe { ffi::fi_close(&mut (*cq).fid) };
+        if let Some(mut a) = addr {
+            // SAFETY: removing an address this AV returned.
+            unsafe { ffi::fi_av_remove(self.av, &mut a, 1, 0) };
         }
     }
 
@@ -343,12 +356,7 @@ impl Transport for FabricTransport {
     ) -> Result<MemoryRegion, TransportError> {
         let local = self.mr_mode & ffi::FI_MR_LOCAL != 0;
         if !access.is_remote() && !local {
-            return Ok(MemoryRegion {
-                id: NO_MR,
-                desc: 0,
-                key: 0,
-                remote_base: 0,
-            });
+            return Ok(MemoryRegion { id: NO_MR, desc: 0, key: 0, remote_base: 0 });
         }
         let mut acs = (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64;
         if access.remote_read {
@@ -362,24 +370,10 @@ impl Transport for FabricTransport {
         // Random keys where we choose them: never a guessable counter. Retry on collision.
         let mut tries = 0;
         loop {
-            let key = if prov_key {
-                0
-            } else {
-                rand::random::<u64>() & self.key_mask
-            };
+            let key = if prov_key { 0 } else { rand::random::<u64>() & self.key_mask };
             // SAFETY: the caller keeps [ptr, ptr+len) allocated until deregister.
             let r = unsafe {
-                ffi::fi_mr_reg(
-                    self.domain,
-                    ptr as *const _,
-                    len,
-                    acs,
-                    0,
-                    key,
-                    0,
-                    &mut mr,
-                    ptr::null_mut(),
-                )
+                ffi::fi_mr_reg(self.domain, ptr as *const _, len, acs, 0, key, 0, &mut mr, ptr::null_mut())
             };
             if r == 0 {
                 break;
@@ -389,35 +383,11 @@ impl Transport for FabricTransport {
                 return Err(self.err(r, "fi_mr_reg"));
             }
         }
-        if self.mr_mode & ffi::FI_MR_ENDPOINT != 0 {
-            // SAFETY: binding a fresh MR to our endpoint, then enabling it.
-            let r = unsafe { ffi::fi_mr_bind(mr, &mut (*self.ep).fid, 0) };
-            let r = if r == 0 {
-                // SAFETY: enabling the MR just bound to our endpoint.
-                unsafe { ffi::fi_mr_enable(mr) }
-            } else {
-                r
-            };
-            if r != 0 {
-                // SAFETY: closing the MR we just opened.
-                unsafe { ffi::fi_close(&mut (*mr).fid) };
-                return Err(self.err(r, "fi_mr_bind/enable"));
-            }
-        }
         // SAFETY: mr is a valid, open registration.
         let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
-        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 {
-            ptr as u64
-        } else {
-            0
-        };
+        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 { ptr as u64 } else { 0 };
         let id = self.mrs.insert(mr) as u64;
-        Ok(MemoryRegion {
-            id,
-            desc,
-            key,
-            remote_base,
-        })
+        Ok(MemoryRegion { id, desc, key, remote_base })
     }
 
     fn deregister(&mut self, id: u64) -> Result<(), TransportError> {
@@ -436,67 +406,42 @@ impl Transport for FabricTransport {
     }
 
     unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
-        let mut iov = [libc::iovec {
-            iov_base: ptr::null_mut(),
-            iov_len: 0,
-        }; 4];
+        let mut iov = [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; 4];
         let mut desc = [ptr::null_mut::<std::ffi::c_void>(); 4];
         let n = wr.local.len();
         if n == 0 || n > iov.len().min(self.caps.iov_limit) {
-            return Err(PostError::Failed(
-                self.err(-(ffi::FI_EINVAL as i64), "scatter list length"),
-            ));
+            return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "scatter list length")));
         }
         for (k, LocalSeg { ptr, len, desc: d }) in wr.local.iter().enumerate() {
-            iov[k] = libc::iovec {
-                iov_base: *ptr as *mut _,
-                iov_len: *len,
-            };
+            iov[k] = libc::iovec { iov_base: *ptr as *mut _, iov_len: *len };
             desc[k] = *d as *mut _;
         }
         let total: usize = wr.local.iter().map(|s| s.len).sum();
+        let Some(&Lane { ep, .. }) = self.lanes.get(wr.lane) else {
+            return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "post: no such lane")));
+        };
         let context = self.ctx(wr.id);
         let more = if wr.more { ffi::FI_MORE as u64 } else { 0 };
         let mut flags = ffi::FI_COMPLETION as u64 | more;
         let ret = match wr.kind {
-            WrKind::Write {
-                remote_addr,
-                key,
-                imm,
-            } => {
+            WrKind::Write { remote_addr, key, imm } => {
                 if imm.is_some() {
                     flags |= ffi::FI_REMOTE_CQ_DATA as u64;
                 }
                 if self.delivery_complete {
                     flags |= ffi::FI_DELIVERY_COMPLETE as u64;
                 }
-                let mut rma = ffi::fi_rma_iov {
-                    addr: remote_addr,
-                    len: total,
-                    key,
-                };
-                let msg = rma_msg(
-                    &mut iov,
-                    &mut desc,
-                    n,
-                    wr.peer,
-                    &mut rma,
-                    context,
-                    imm.unwrap_or(0),
-                );
+                let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
+                let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, imm.unwrap_or(0));
                 // SAFETY: the caller keeps the local memory valid until the completion; msg and
                 // its arrays live for the call (libfabric copies what it keeps).
-                unsafe { ffi::fi_writemsg(self.ep, &msg, flags) }
+                unsafe { ffi::fi_writemsg(ep, &msg, flags) }
             }
             WrKind::Read { remote_addr, key } => {
-                let mut rma = ffi::fi_rma_iov {
-                    addr: remote_addr,
-                    len: total,
-                    key,
-                };
+                let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
                 let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, 0);
                 // SAFETY: as for writes; the memory is ours alone until the completion.
-                unsafe { ffi::fi_readmsg(self.ep, &msg, flags) }
+                unsafe { ffi::fi_readmsg(ep, &msg, flags) }
             }
             WrKind::Send { imm } => {
                 let data = imm.unwrap_or(0);
@@ -506,7 +451,7 @@ impl Transport for FabricTransport {
                 if imm.is_none() && n == 1 && total <= self.caps.inject_size {
                     // Small payloads go inline: copied now, no completion to wait for.
                     // SAFETY: the provider copies `total` bytes from valid memory before returning.
-                    let r = unsafe { ffi::fi_inject(self.ep, iov[0].iov_base, total, wr.peer) };
+                    let r = unsafe { ffi::fi_inject(ep, iov[0].iov_base, total, wr.peer) };
                     return match r {
                         0 => Ok(Posted::Completed),
                         r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
@@ -522,7 +467,7 @@ impl Transport for FabricTransport {
                     data,
                 };
                 // SAFETY: as for reads.
-                unsafe { ffi::fi_sendmsg(self.ep, &msg, flags) }
+                unsafe { ffi::fi_sendmsg(ep, &msg, flags) }
             }
             WrKind::Recv => {
                 let msg = ffi::fi_msg {
@@ -534,7 +479,7 @@ impl Transport for FabricTransport {
                     data: 0,
                 };
                 // SAFETY: as for reads; the memory is ours alone until the completion.
-                unsafe { ffi::fi_recvmsg(self.ep, &msg, ffi::FI_COMPLETION as u64) }
+                unsafe { ffi::fi_recvmsg(ep, &msg, ffi::FI_COMPLETION as u64) }
             }
         };
         match ret {
@@ -544,65 +489,58 @@ impl Transport for FabricTransport {
         }
     }
 
-    fn cancel(&mut self, id: u64) {
-        if (id as usize) < self.ctxs.len() {
-            let ctx = self.ctx(id);
-            // SAFETY: the context belongs to a request posted on this endpoint.
-            let r = unsafe { ffi::fi_cancel(&mut (*self.ep).fid, ctx) };
-            if r != 0 {
-                tracing::debug!(id, error = %fi_error(r as i64), "fi_cancel");
-            }
-        }
-    }
-
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
         let before = out.len();
-        let max = max.min(CQ_BATCH);
-        // SAFETY: `entries` holds CQ_BATCH entries of the format the CQ was opened with.
-        let r = unsafe { ffi::fi_cq_read(self.cq, self.entries.as_mut_ptr() as *mut _, max) };
-        if r > 0 {
-            for e in &self.entries[..r as usize] {
-                if e.flags & ffi::FI_REMOTE_WRITE as u64 != 0 {
-                    if e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0 {
-                        out.push(Completion::RemoteWrite {
-                            imm: e.data,
-                            len: e.len,
-                        });
-                    }
-                    continue;
-                }
-                if e.op_context.is_null() {
-                    continue;
-                }
-                // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
-                let id = unsafe { (*(e.op_context as *const Ctx)).id };
-                let imm = (e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0).then_some(e.data);
-                out.push(Completion::Op {
-                    id,
-                    len: e.len,
-                    imm,
-                    status: Ok(()),
-                });
+        let mut entries = std::mem::take(&mut self.entries);
+        for (_, lane) in self.lanes.iter() {
+            let room = (max - (out.len() - before)).min(CQ_BATCH);
+            if room == 0 {
+                break;
             }
-        } else if r == -(ffi::FI_EAVAIL as isize) {
-            self.cq_error(out);
+            // SAFETY: `entries` holds CQ_BATCH entries of the format the CQ was opened with.
+            let r = unsafe { ffi::fi_cq_read(lane.cq, entries.as_mut_ptr() as *mut _, room) };
+            if r > 0 {
+                for e in &entries[..r as usize] {
+                    if e.flags & ffi::FI_REMOTE_WRITE as u64 != 0 {
+                        if e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0 {
+                            out.push(Completion::RemoteWrite { imm: e.data, len: e.len });
+                        }
+                        continue;
+                    }
+                    if e.op_context.is_null() {
+                        continue;
+                    }
+                    // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
+                    let id = unsafe { (*(e.op_context as *const Ctx)).id };
+                    let imm = (e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0).then_some(e.data);
+                    out.push(Completion::Op { id, len: e.len, imm, status: Ok(()) });
+                }
+            } else if r == -(ffi::FI_EAVAIL as isize) {
+                self.cq_error(lane.cq, out);
+            }
         }
+        self.entries = entries;
         out.len() - before
     }
 
     fn wait(&mut self, timeout: Duration) {
-        match self.cq_fd {
-            Some(fd) => {
-                // SAFETY: trywait on our open CQ; it returns 0 only when it is safe to block.
-                let ok = unsafe {
-                    let mut cq_fid: *mut ffi::fid = &mut (*self.cq).fid;
-                    ffi::fi_trywait(self.fabric, &mut cq_fid, 1) == 0
-                };
-                if ok {
-                    self.efd.wait(&[fd], timeout);
-                }
+        let mut fids: Vec<*mut ffi::fid> = Vec::with_capacity(self.lanes.len());
+        let mut fds = Vec::with_capacity(self.lanes.len());
+        for (_, lane) in self.lanes.iter() {
+            if let Some(fd) = lane.fd {
+                // SAFETY: taking the address of an open CQ's fid.
+                fids.push(unsafe { &mut (*lane.cq).fid });
+                fds.push(fd);
             }
-            None => self.efd.wait(&[], timeout),
+        }
+        if fds.is_empty() || fds.len() != self.lanes.len() {
+            self.efd.wait(&[], timeout);
+            return;
+        }
+        // SAFETY: trywait on our open CQs; it returns 0 only when it is safe to block on them.
+        let ok = unsafe { ffi::fi_trywait(self.fabric, fids.as_mut_ptr(), fids.len() as i32) == 0 };
+        if ok {
+            self.efd.wait(&fds, timeout);
         }
     }
 
@@ -636,17 +574,15 @@ impl Drop for FabricTransport {
     fn drop(&mut self) {
         // SAFETY: closing what we opened, endpoint first, each once; null means never opened.
         unsafe {
-            if !self.ep.is_null() {
-                ffi::fi_close(&mut (*self.ep).fid);
+            for lane in self.lanes.drain() {
+                ffi::fi_close(&mut (*lane.ep).fid);
+                ffi::fi_close(&mut (*lane.cq).fid);
             }
             for mr in self.mrs.drain() {
                 ffi::fi_close(&mut (*mr).fid);
             }
             if !self.av.is_null() {
                 ffi::fi_close(&mut (*self.av).fid);
-            }
-            if !self.cq.is_null() {
-                ffi::fi_close(&mut (*self.cq).fid);
             }
             if !self.domain.is_null() {
                 ffi::fi_close(&mut (*self.domain).fid);

@@ -59,9 +59,7 @@ pub(crate) fn getinfo(prov: &str, node: Option<&str>) -> Result<InfoList, i32> {
         (*h.domain_attr).threading = ffi::fi_threading_FI_THREAD_DOMAIN;
         (*h.fabric_attr).prov_name = libc::strdup(prov_c.as_ptr());
     }
-    let node_c = node
-        .map(|n| CString::new(n).map_err(|_| -(ffi::FI_EINVAL as i32)))
-        .transpose()?;
+    let node_c = node.map(|n| CString::new(n).map_err(|_| -(ffi::FI_EINVAL as i32))).transpose()?;
     let (node_p, flags) = match &node_c {
         Some(n) => (n.as_ptr(), ffi::FI_SOURCE),
         None => (ptr::null(), 0),
@@ -79,16 +77,7 @@ pub(crate) fn getinfo(prov: &str, node: Option<&str>) -> Result<InfoList, i32> {
 pub(crate) fn available() -> String {
     let mut out: *mut ffi::fi_info = ptr::null_mut();
     // SAFETY: null hints are allowed; the list is freed by InfoList.
-    let ret = unsafe {
-        ffi::fi_getinfo(
-            API_VERSION,
-            ptr::null(),
-            ptr::null(),
-            0,
-            ptr::null_mut(),
-            &mut out,
-        )
-    };
+    let ret = unsafe { ffi::fi_getinfo(API_VERSION, ptr::null(), ptr::null(), 0, ptr::null_mut(), &mut out) };
     if ret != 0 {
         return format!("none ({})", fi_error(ret));
     }
@@ -118,16 +107,9 @@ pub(crate) fn available() -> String {
 pub(crate) fn select(requested: &str, node: Option<&str>) -> Result<(InfoList, String)> {
     let prov = provider_string(requested);
     // tcp binds to an address; on one host, loopback is the one that always works.
-    let node = node.or(if prov.starts_with("tcp") {
-        Some("127.0.0.1")
-    } else {
-        None
-    });
+    let node = node.or(if prov.starts_with("tcp") { Some("127.0.0.1") } else { None });
     match getinfo(&prov, node) {
         Ok(list) if !list.0.is_null() => Ok((list, prov)),
-        Ok(_) | Err(_) => Err(Error::ProviderUnavailable {
-            requested: prov,
-            found: available(),
-        }),
+        Ok(_) | Err(_) => Err(Error::ProviderUnavailable { requested: prov, found: available() }),
     }
 }

@@ -5,7 +5,7 @@ use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
 use rdmalane::transport::{
-    Access, Completion, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport,
+    Access, Completion, LaneId, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport,
 };
 use rdmalane::transport::{WorkRequest, WrKind};
 use rdmalane::{Error, OpKind, Result};
@@ -22,6 +22,8 @@ struct RawMem {
 pub struct RawEngine {
     // Declared first: dropped (endpoint closed, no more DMA) before the memory below is freed.
     t: FabricTransport,
+    lane: LaneId,
+    name: Vec<u8>,
     mems: Vec<RawMem>,
 }
 
@@ -31,10 +33,10 @@ unsafe impl Send for RawEngine {}
 impl RawEngine {
     /// Open `provider` as the runtime would.
     pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<RawEngine> {
-        Ok(RawEngine {
-            t: FabricTransport::open(provider, node, false)?,
-            mems: Vec::new(),
-        })
+        let mut t = FabricTransport::open(provider, node, false)?;
+        let (lane, name) =
+            t.open_lane().map_err(|e| Error::Transport { op: OpKind::Open, peer: "-".into(), source: e })?;
+        Ok(RawEngine { t, lane, name, mems: Vec::new() })
     }
 
     /// The underlying transport's capabilities.
@@ -44,12 +46,12 @@ impl RawEngine {
 
     /// This endpoint's address.
     pub fn name(&self) -> Vec<u8> {
-        self.t.local_name()
+        self.name.clone()
     }
 
     /// Insert a peer's address.
     pub fn insert_peer(&mut self, name: &[u8]) -> Result<PeerAddr> {
-        self.t.insert_peer(name).map_err(|e| Error::Transport {
+        self.t.connect_lane(self.lane, name).map_err(|e| Error::Transport {
             op: OpKind::Connect,
             peer: "-".into(),
             source: e,
@@ -70,11 +72,7 @@ impl RawEngine {
             Err(e) => {
                 // SAFETY: allocated just above with this layout.
                 unsafe { alloc::dealloc(ptr.as_ptr(), layout) };
-                return Err(Error::Transport {
-                    op: OpKind::Register,
-                    peer: "-".into(),
-                    source: e,
-                });
+                return Err(Error::Transport { op: OpKind::Register, peer: "-".into(), source: e });
             }
         };
         self.mems.push(RawMem { ptr, layout, mr });
@@ -101,11 +99,7 @@ impl RawEngine {
         if off.checked_add(len).is_none_or(|e| e > m.layout.size()) {
             return Err(bad("range outside the buffer"));
         }
-        Ok(LocalSeg {
-            ptr: m.ptr.as_ptr().wrapping_add(off),
-            len,
-            desc: m.mr.desc,
-        })
+        Ok(LocalSeg { ptr: m.ptr.as_ptr().wrapping_add(off), len, desc: m.mr.desc })
     }
 
     /// Post one work request on `len` bytes at `off` of buffer `mem`.
@@ -119,13 +113,8 @@ impl RawEngine {
         len: usize,
     ) -> Result<Posted, PostError> {
         let seg = self.seg(mem, off, len)?;
-        let wr = WorkRequest {
-            id,
-            peer,
-            kind,
-            local: std::slice::from_ref(&seg),
-            more: false,
-        };
+        let wr =
+            WorkRequest { id, lane: self.lane, peer, kind, local: std::slice::from_ref(&seg), more: false };
         // SAFETY: the memory belongs to the engine and outlives the endpoint (see field order).
         unsafe { self.t.post(&wr) }
     }

@@ -9,11 +9,7 @@ use crate::ffi;
 pub(crate) fn fi_error(ret: impl Into<i64>) -> String {
     let code = ret.into().unsigned_abs() as i32;
     // SAFETY: fi_strerror returns a static string for any code.
-    unsafe {
-        CStr::from_ptr(ffi::fi_strerror(code))
-            .to_string_lossy()
-            .into_owned()
-    }
+    unsafe { CStr::from_ptr(ffi::fi_strerror(code)).to_string_lossy().into_owned() }
 }
 
 /// Read an errno as the runtime should treat it.

@@ -21,23 +21,12 @@ impl EventFd {
     /// Sleep until one of `fds` or the eventfd is readable, or `timeout` passes; drains the
     /// eventfd.
     pub(crate) fn wait(&self, fds: &[i32], timeout: Duration) {
-        let mut pfds = [libc::pollfd {
-            fd: self.0,
-            events: libc::POLLIN,
-            revents: 0,
-        }; 2];
-        let mut n = 1;
-        if let Some(&fd) = fds.first() {
-            pfds[1] = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            n = 2;
-        }
+        let mut pfds = Vec::with_capacity(1 + fds.len());
+        pfds.push(libc::pollfd { fd: self.0, events: libc::POLLIN, revents: 0 });
+        pfds.extend(fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
         let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: pfds holds n initialised entries.
-        unsafe { libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
+        // SAFETY: pfds holds pfds.len() initialised entries.
+        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
         if pfds[0].revents & libc::POLLIN != 0 {
             let mut v = 0u64;
             // SAFETY: reading 8 bytes from our nonblocking eventfd into a u64.

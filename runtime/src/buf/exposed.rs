@@ -22,20 +22,12 @@ impl<B: IoBuf> ExposedBuf<B> {
             return Err(Error::invalid(OpKind::Expose, "access grants peers nothing"));
         }
         if buf.runtime_id() != rt.id() {
-            return Err(Error::invalid(
-                OpKind::Expose,
-                "buffer is registered with another runtime",
-            ));
+            return Err(Error::invalid(OpKind::Expose, "buffer is registered with another runtime"));
         }
         let seg = buf.seg();
         let mr = rt.register_region(seg.ptr, seg.len, access)?;
         let desc = RemoteBuf::new(rt.id(), mr.remote_base, seg.len as u64, mr.key, access);
-        Ok(ExposedBuf {
-            buf: Some(buf),
-            mr,
-            desc,
-            rt: rt.clone(),
-        })
+        Ok(ExposedBuf { buf: Some(buf), mr, desc, rt: rt.clone() })
     }
 
     /// The descriptor a peer needs to reach this buffer.
@@ -71,8 +63,6 @@ impl<B: IoBuf> Drop for ExposedBuf<B> {
 
 impl<B: IoBuf> fmt::Debug for ExposedBuf<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExposedBuf")
-            .field("descriptor", &self.desc)
-            .finish()
+        f.debug_struct("ExposedBuf").field("descriptor", &self.desc).finish()
     }
 }

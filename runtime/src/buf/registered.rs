@@ -42,20 +42,14 @@ impl RegisteredBuf {
     /// Allocate `len` zeroed, page-aligned bytes and register them with `rt`.
     pub fn alloc(rt: &Runtime, len: usize) -> Result<RegisteredBuf> {
         if len == 0 {
-            return Err(Error::invalid(
-                OpKind::Register,
-                "cannot allocate a zero-length buffer",
-            ));
+            return Err(Error::invalid(OpKind::Register, "cannot allocate a zero-length buffer"));
         }
         let layout = Layout::from_size_align(len, PAGE)
             .map_err(|e| Error::invalid(OpKind::Register, format!("{len} bytes: {e}")))?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
-            return Err(Error::invalid(
-                OpKind::Register,
-                format!("out of memory for {len} bytes"),
-            ));
+            return Err(Error::invalid(OpKind::Register, format!("out of memory for {len} bytes")));
         };
         Self::register(rt, ptr, len, Storage::Aligned(layout))
     }
@@ -73,10 +67,7 @@ impl RegisteredBuf {
     /// Register a caller's `BytesMut` (its length is the buffer).
     pub fn from_bytes_mut(rt: &Runtime, mut b: BytesMut) -> Result<RegisteredBuf> {
         if b.is_empty() {
-            return Err(Error::invalid(
-                OpKind::Register,
-                "cannot register an empty BytesMut",
-            ));
+            return Err(Error::invalid(OpKind::Register, "cannot register an empty BytesMut"));
         }
         let len = b.len();
         let ptr = NonNull::new(b.as_mut_ptr()).expect("non-empty BytesMut has a non-null pointer");
@@ -87,13 +78,7 @@ impl RegisteredBuf {
         // The storage is dropped (freed) only after the deregistration in Drop, so the memory
         // outlives the registration as `Transport::register` requires.
         match rt.register_region(ptr.as_ptr(), len, Access::LOCAL) {
-            Ok(mr) => Ok(RegisteredBuf {
-                ptr,
-                len,
-                storage,
-                mr,
-                rt: rt.clone(),
-            }),
+            Ok(mr) => Ok(RegisteredBuf { ptr, len, storage, mr, rt: rt.clone() }),
             Err(e) => {
                 free(ptr, &storage);
                 Err(e)
@@ -161,10 +146,7 @@ impl DerefMut for RegisteredBuf {
 
 impl fmt::Debug for RegisteredBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RegisteredBuf")
-            .field("len", &self.len)
-            .field("key", &self.mr.key)
-            .finish()
+        f.debug_struct("RegisteredBuf").field("len", &self.len).field("key", &self.mr.key).finish()
     }
 }
 
@@ -172,11 +154,7 @@ impl fmt::Debug for RegisteredBuf {
 // `rt` under `mr.desc` until the value drops.
 unsafe impl IoBuf for RegisteredBuf {
     fn seg(&self) -> LocalSeg {
-        LocalSeg {
-            ptr: self.ptr.as_ptr(),
-            len: self.len,
-            desc: self.mr.desc,
-        }
+        LocalSeg { ptr: self.ptr.as_ptr(), len: self.len, desc: self.mr.desc }
     }
     fn runtime_id(&self) -> u64 {
         self.rt.id()

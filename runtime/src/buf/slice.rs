@@ -55,11 +55,7 @@ unsafe impl<B: IoBuf> IoBuf for Slice<B> {
     fn seg(&self) -> LocalSeg {
         let s = self.buf.seg();
         // wrapping_add: in bounds by construction, and no dereference happens here.
-        LocalSeg {
-            ptr: s.ptr.wrapping_add(self.start),
-            len: self.end - self.start,
-            desc: s.desc,
-        }
+        LocalSeg { ptr: s.ptr.wrapping_add(self.start), len: self.end - self.start, desc: s.desc }
     }
     fn runtime_id(&self) -> u64 {
         self.buf.runtime_id()

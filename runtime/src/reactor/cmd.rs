@@ -6,11 +6,12 @@ use std::sync::Arc;
 use crate::error::{OpKind, TransportError};
 use crate::op::Complete;
 use crate::sched::{Class, TenantId};
-use crate::transport::{Access, LocalSeg, MemoryRegion, WrKind};
+use crate::transport::{Access, LaneId, LocalSeg, MemoryRegion, WrKind};
 
 /// One data operation, validated, waiting to be posted.
 pub(crate) struct OpReq {
     pub peer: usize,
+    pub peer_id: u64,
     pub op: OpKind,
     pub kind: WrKind,
     pub seg: LocalSeg,
@@ -19,6 +20,9 @@ pub(crate) struct OpReq {
     /// `None`: by size (the scheduler's latency threshold).
     pub class: Option<Class>,
 }
+
+/// A lane just opened, with its address for the peer.
+pub(crate) type OpenedLane = (LaneId, Vec<u8>);
 
 /// A reply channel for control commands.
 pub(crate) type Reply<T> = SyncSender<T>;
@@ -37,12 +41,26 @@ pub(crate) enum Cmd {
         keep: Option<Box<dyn Any + Send>>,
         reply: Option<Reply<Result<(), TransportError>>>,
     },
+    /// Open `n` lanes for a peer about to be added; replies with their addresses.
+    OpenLanes {
+        n: usize,
+        reply: Reply<Result<Vec<OpenedLane>, TransportError>>,
+    },
+    /// Connect our `lanes` to the peer's lanes at `names` (pairwise) and add the peer.
     AddPeer {
-        name: Vec<u8>,
+        /// The peer runtime's id: ops name their peer by slot and id, so a reused slot is
+        /// never mistaken for the peer an op was made for.
+        id: u64,
+        lanes: Vec<LaneId>,
+        names: Vec<Vec<u8>>,
         label: String,
         reply: Reply<Result<usize, TransportError>>,
     },
-    /// The endpoint handle is gone: forget the peer once its ops are done.
+    /// A handshake failed after `OpenLanes`: close them.
+    CloseLanes {
+        lanes: Vec<LaneId>,
+    },
+    /// The endpoint handle is gone: fail what is pending and close the lanes.
     RemovePeer {
         slot: usize,
     },

@@ -19,7 +19,9 @@ use crate::imm::ImmQueue;
 use crate::op::{Complete, Done};
 use crate::sched::{Chunk, OpDone, OpId, OpSpec, SchedConfig, Scheduler};
 use crate::stats::Counters;
-use crate::transport::{Completion, LocalSeg, PeerAddr, PostError, Posted, Transport, WorkRequest, WrKind};
+use crate::transport::{
+    Completion, LaneId, LocalSeg, PeerAddr, PostError, Posted, Transport, WorkRequest, WrKind,
+};
 use cmd::{Cmd, OpReq};
 use thread::Idle;
 
@@ -29,6 +31,8 @@ const POLL_BATCH: usize = 64;
 const POST_BATCH: usize = 32;
 
 struct InFlight {
+    /// The whole request id (slot and generation).
+    id: u64,
     cell: Arc<dyn Complete>,
     peer: usize,
     op: OpKind,
@@ -44,12 +48,20 @@ struct Held {
 }
 
 struct Peer {
-    addr: PeerAddr,
+    /// The peer runtime's id.
+    id: u64,
     label: String,
-    lost: Option<(String, Instant)>,
-    closing: bool,
+    /// Our lanes to the peer and its address on each; the first carries messages.
+    lanes: Vec<(LaneId, PeerAddr)>,
+    /// Why the peer is gone, once it is: its lanes are closed and new ops fail at once.
+    lost: Option<String>,
     inflight: usize,
-    in_av: bool,
+}
+
+impl Peer {
+    fn addr_on(&self, lane: LaneId) -> PeerAddr {
+        self.lanes.iter().find(|(l, _)| *l == lane).map(|(_, a)| *a).expect("a lane of this peer")
+    }
 }
 
 pub(crate) struct Reactor {
@@ -67,8 +79,8 @@ pub(crate) struct Reactor {
     imm: Arc<ImmQueue>,
     /// Posted requests that are not passive receives.
     active: usize,
-    lost_peers: usize,
-    grace: Duration,
+    /// Makes every request id unique (high bits), so a stale completion is recognised.
+    generation: u64,
     disconnected: bool,
     counters: Arc<Counters>,
     idle: Arc<Idle>,
@@ -76,35 +88,18 @@ pub(crate) struct Reactor {
 
 /// Complete an op cell and count the outcome.
 fn resolve(counters: &Counters, cell: &Arc<dyn Complete>, res: Result<Done, Error>) {
-    Counters::add(if res.is_ok() {
-        &counters.completed
-    } else {
-        &counters.failed
-    });
+    Counters::add(if res.is_ok() { &counters.completed } else { &counters.failed });
     cell.complete(res);
 }
 
 /// The work request for `len` bytes at `offset` into an op.
 fn piece(kind: WrKind, seg: LocalSeg, offset: usize, len: usize) -> (WrKind, LocalSeg) {
-    let seg = LocalSeg {
-        ptr: seg.ptr.wrapping_add(offset),
-        len,
-        desc: seg.desc,
-    };
+    let seg = LocalSeg { ptr: seg.ptr.wrapping_add(offset), len, desc: seg.desc };
     let kind = match kind {
-        WrKind::Write {
-            remote_addr,
-            key,
-            imm,
-        } => WrKind::Write {
-            remote_addr: remote_addr + offset as u64,
-            key,
-            imm,
-        },
-        WrKind::Read { remote_addr, key } => WrKind::Read {
-            remote_addr: remote_addr + offset as u64,
-            key,
-        },
+        WrKind::Write { remote_addr, key, imm } => {
+            WrKind::Write { remote_addr: remote_addr + offset as u64, key, imm }
+        }
+        WrKind::Read { remote_addr, key } => WrKind::Read { remote_addr: remote_addr + offset as u64, key },
         other => other,
     };
     (kind, seg)
@@ -115,7 +110,6 @@ impl Reactor {
         t: Box<dyn Transport>,
         rx: Receiver<Cmd>,
         imm: Arc<ImmQueue>,
-        grace: Duration,
         counters: Arc<Counters>,
         idle: Arc<Idle>,
         sched: SchedConfig,
@@ -132,8 +126,7 @@ impl Reactor {
             chunks: Vec::with_capacity(POST_BATCH),
             imm,
             active: 0,
-            lost_peers: 0,
-            grace,
+            generation: 0,
             disconnected: false,
             counters,
             idle,
@@ -146,9 +139,6 @@ impl Reactor {
         let mut work = self.take_commands();
         work |= self.reap();
         work |= self.post();
-        if self.lost_peers > 0 {
-            self.expire_lost();
-        }
         work
     }
 
@@ -196,6 +186,16 @@ impl Reactor {
     }
 
     fn accept(&mut self, req: OpReq) {
+        let peer = self.peers.get(req.peer).filter(|p| p.id == req.peer_id);
+        let gone = match peer {
+            None => Some((String::from("-"), String::from("endpoint closed"))),
+            Some(p) => p.lost.as_ref().map(|r| (p.label.clone(), r.clone())),
+        };
+        if let Some((peer, reason)) = gone {
+            let err = Error::PeerLost { op: req.op, peer, reason };
+            resolve(&self.counters, &req.cell, Err(err));
+            return;
+        }
         if matches!(req.kind, WrKind::Recv) {
             self.receives.push_back(req);
             return;
@@ -203,12 +203,9 @@ impl Reactor {
         let one_sided = matches!(req.kind, WrKind::Write { .. } | WrKind::Read { .. });
         let spec = OpSpec {
             tenant: req.tenant,
-            class: req
-                .class
-                .unwrap_or_else(|| self.sched.config().default_class(req.seg.len)),
+            class: req.class.unwrap_or_else(|| self.sched.config().default_class(req.seg.len)),
             len: req.seg.len,
-            // One lane per peer until the transport opens several endpoints.
-            lanes: vec![req.peer],
+            lanes: self.peers[req.peer].lanes.iter().map(|(l, _)| *l).collect(),
             splittable: one_sided,
         };
         let id = self.sched.push(spec);
@@ -222,12 +219,7 @@ impl Reactor {
         match cmd {
             Cmd::Op(req) => self.accept(req),
             Cmd::SetWeight { tenant, weight } => self.sched.set_weight(tenant, weight),
-            Cmd::Register {
-                ptr,
-                len,
-                access,
-                reply,
-            } => {
+            Cmd::Register { ptr, len, access, reply } => {
                 Counters::add(&self.counters.registrations);
                 let _ = reply.send(lease::register(self.t.as_mut(), ptr as *mut u8, len, access));
             }
@@ -241,42 +233,70 @@ impl Reactor {
                     let _ = reply.send(res);
                 }
             }
-            Cmd::AddPeer { name, label, reply } => {
-                let res = self.t.insert_peer(&name).map(|addr| {
-                    self.peers.insert(Peer {
-                        addr,
-                        label,
-                        lost: None,
-                        closing: false,
-                        inflight: 0,
-                        in_av: true,
-                    })
-                });
+            Cmd::OpenLanes { n, reply } => {
+                let mut opened = Vec::with_capacity(n);
+                for _ in 0..n {
+                    match self.t.open_lane() {
+                        Ok(l) => opened.push(l),
+                        Err(e) => {
+                            opened.iter().for_each(|(l, _)| self.t.close_lane(*l));
+                            let _ = reply.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+                let _ = reply.send(Ok(opened));
+            }
+            Cmd::AddPeer { id, lanes, names, label, reply } => {
+                let res: Result<Vec<(LaneId, PeerAddr)>, TransportError> = lanes
+                    .iter()
+                    .zip(&names)
+                    .map(|(&l, name)| self.t.connect_lane(l, name).map(|a| (l, a)))
+                    .collect();
+                let res =
+                    res.map(|lanes| self.peers.insert(Peer { id, label, lanes, lost: None, inflight: 0 }));
+                if res.is_err() {
+                    lanes.iter().for_each(|&l| self.t.close_lane(l));
+                }
                 let _ = reply.send(res);
             }
+            Cmd::CloseLanes { lanes } => lanes.iter().for_each(|&l| self.t.close_lane(l)),
             Cmd::RemovePeer { slot } => {
-                if let Some(p) = self.peers.get_mut(slot) {
-                    p.closing = true;
-                    let err = (p.label.clone(), "endpoint closed".to_string());
-                    self.fail_peer(slot, err);
-                    self.cancel_posted(slot, true);
-                    self.maybe_forget(slot);
+                if self.peers.contains(slot) {
+                    self.lose_peer(slot, "endpoint closed".into());
+                    self.peers.remove(slot);
                 }
             }
             Cmd::PeerLost { slot, reason } => {
-                let Some(p) = self.peers.get_mut(slot) else { return };
-                if p.lost.is_some() {
-                    return;
+                if self.peers.get(slot).is_some_and(|p| p.lost.is_none()) {
+                    tracing::info!(peer = %self.peers[slot].label, %reason, "peer lost");
+                    self.lose_peer(slot, reason);
                 }
-                tracing::info!(peer = %p.label, %reason, "peer lost");
-                p.lost = Some((reason.clone(), Instant::now()));
-                let label = p.label.clone();
-                self.lost_peers += 1;
-                self.fail_peer(slot, (label, reason));
-                // Receives would wait for the peer forever; sends and writes get a grace period
-                // to fail on their own (see expire_lost).
-                self.cancel_posted(slot, true);
             }
+        }
+    }
+
+    /// The peer is gone: fail what it has queued, close its lanes (after reaping what already
+    /// completed), and fail what was posted on them, whose buffers are ours again.
+    fn lose_peer(&mut self, slot: usize, reason: String) {
+        let label = self.peers[slot].label.clone();
+        self.fail_peer(slot, (label.clone(), reason.clone()));
+        while self.reap() {}
+        let lanes = std::mem::take(&mut self.peers[slot].lanes);
+        for (lane, _) in &lanes {
+            self.t.close_lane(*lane);
+        }
+        self.peers[slot].lost = Some(reason.clone());
+        let ids: Vec<usize> = self.inflight.iter().filter(|(_, f)| f.peer == slot).map(|(k, _)| k).collect();
+        for k in ids {
+            let id = self.inflight[k].id;
+            let e = TransportError {
+                provider: String::new(),
+                errno: 0,
+                text: "lane closed".into(),
+                class: crate::error::FailureClass::PeerUnreachable,
+            };
+            self.complete(id, 0, None, Err(e));
         }
     }
 
@@ -288,11 +308,7 @@ impl Reactor {
             if req.peer != slot {
                 return true;
             }
-            let err = Error::PeerLost {
-                op: req.op,
-                peer: peer.clone(),
-                reason: reason.clone(),
-            };
+            let err = Error::PeerLost { op: req.op, peer: peer.clone(), reason: reason.clone() };
             resolve(counters, &req.cell, Err(err));
             false
         });
@@ -315,33 +331,13 @@ impl Reactor {
         }
     }
 
-    /// Cancel posted requests of a peer (all, or only the receives waiting on it).
-    fn cancel_posted(&mut self, slot: usize, receives_only: bool) {
-        let ids: Vec<u64> = self
-            .inflight
-            .iter()
-            .filter(|(_, f)| f.peer == slot && (f.chunk.is_none() || !receives_only))
-            .map(|(id, _)| id as u64)
-            .collect();
-        for id in ids {
-            self.t.cancel(id);
-        }
-    }
-
     /// An op the scheduler resolved: complete its cell.
     fn finish_op(&mut self, done: OpDone) {
         let Some(h) = self.held[done.op.0].take() else {
             return;
         };
         if done.ok {
-            resolve(
-                &self.counters,
-                &h.req.cell,
-                Ok(Done {
-                    len: h.req.seg.len,
-                    imm: None,
-                }),
-            );
+            resolve(&self.counters, &h.req.cell, Ok(Done { len: h.req.seg.len, imm: None }));
         } else if let Some(e) = h.error {
             resolve(&self.counters, &h.req.cell, Err(e));
         } else {
@@ -373,17 +369,10 @@ impl Reactor {
                 }
                 continue;
             }
-            let (peer_addr, lost) = {
-                let p = &self.peers[h.req.peer];
-                (p.addr, p.lost.as_ref().map(|(r, _)| (p.label.clone(), r.clone())))
-            };
-            if let Some((peer, reason)) = lost {
+            let p = &self.peers[h.req.peer];
+            if let Some((peer, reason)) = p.lost.as_ref().map(|r| (p.label.clone(), r.clone())) {
                 let h = self.held[c.op.0].as_mut().expect("held");
-                h.error.get_or_insert(Error::PeerLost {
-                    op: h.req.op,
-                    peer,
-                    reason,
-                });
+                h.error.get_or_insert(Error::PeerLost { op: h.req.op, peer, reason });
                 self.sched.unissue(c);
                 if !chunks[i + 1..].iter().any(|x| x.op == c.op) {
                     if let Some(done) = self.sched.fail(c.op) {
@@ -392,10 +381,14 @@ impl Reactor {
                 }
                 continue;
             }
+            let peer_addr = p.addr_on(c.lane);
             let (kind, seg) = piece(h.req.kind, h.req.seg, c.offset, c.len);
             let entry = self.inflight.vacant_entry();
+            self.generation += 1;
+            let id = (self.generation << 24) | entry.key() as u64;
             let wr = WorkRequest {
-                id: entry.key() as u64,
+                id,
+                lane: c.lane,
                 peer: peer_addr,
                 kind,
                 local: std::slice::from_ref(&seg),
@@ -405,12 +398,7 @@ impl Reactor {
                 Ok(Posted::Queued) => {
                     Counters::add(&self.counters.posted);
                     let (cell, peer, op) = (h.req.cell.clone(), h.req.peer, h.req.op);
-                    entry.insert(InFlight {
-                        cell,
-                        peer,
-                        op,
-                        chunk: Some(c),
-                    });
+                    entry.insert(InFlight { id, cell, peer, op, chunk: Some(c) });
                     self.peers[peer].inflight += 1;
                     self.active += 1;
                 }
@@ -448,10 +436,22 @@ impl Reactor {
                 work = true;
                 continue;
             }
+            let p = &self.peers[req.peer];
+            if let Some(reason) = &p.lost {
+                let err = Error::PeerLost { op: req.op, peer: p.label.clone(), reason: reason.clone() };
+                let req = self.receives.pop_front().expect("front exists");
+                resolve(&self.counters, &req.cell, Err(err));
+                work = true;
+                continue;
+            }
+            let (lane, addr) = p.lanes[0];
             let entry = self.inflight.vacant_entry();
+            self.generation += 1;
+            let id = (self.generation << 24) | entry.key() as u64;
             let wr = WorkRequest {
-                id: entry.key() as u64,
-                peer: self.peers[req.peer].addr,
+                id,
+                lane,
+                peer: addr,
                 kind: req.kind,
                 local: std::slice::from_ref(&req.seg),
                 more: false,
@@ -460,12 +460,7 @@ impl Reactor {
                 Ok(_) => {
                     let req = self.receives.pop_front().expect("front exists");
                     Counters::add(&self.counters.posted);
-                    entry.insert(InFlight {
-                        cell: req.cell,
-                        peer: req.peer,
-                        op: req.op,
-                        chunk: None,
-                    });
+                    entry.insert(InFlight { id, cell: req.cell, peer: req.peer, op: req.op, chunk: None });
                     self.peers[req.peer].inflight += 1;
                     work = true;
                 }
@@ -473,11 +468,7 @@ impl Reactor {
                 Err(PostError::Failed(e)) => {
                     let req = self.receives.pop_front().expect("front exists");
                     let label = &self.peers[req.peer].label;
-                    resolve(
-                        &self.counters,
-                        &req.cell,
-                        Err(Error::from_transport(req.op, label, e)),
-                    );
+                    resolve(&self.counters, &req.cell, Err(Error::from_transport(req.op, label, e)));
                     work = true;
                 }
             }
@@ -493,7 +484,7 @@ impl Reactor {
         let mut comps = std::mem::take(&mut self.comps);
         for c in comps.drain(..) {
             match c {
-                Completion::Op { id, len, imm, status } => self.complete(id as usize, len, imm, status),
+                Completion::Op { id, len, imm, status } => self.complete(id, len, imm, status),
                 Completion::RemoteWrite { imm, len } => self.imm.push(imm, len),
             }
         }
@@ -501,19 +492,20 @@ impl Reactor {
         true
     }
 
-    fn complete(&mut self, id: usize, len: usize, imm: Option<u64>, status: Result<(), TransportError>) {
-        let Some(f) = self.inflight.try_remove(id) else {
-            tracing::error!(id, "completion for an unknown work request");
+    fn complete(&mut self, id: u64, len: usize, imm: Option<u64>, status: Result<(), TransportError>) {
+        let slot = (id & crate::transport::WR_SLOT_MASK) as usize;
+        if self.inflight.get(slot).is_none_or(|f| f.id != id) {
+            // A completion from a lane closed since (its request was failed then).
+            tracing::debug!(id, "stale completion ignored");
             return;
-        };
+        }
+        let f = self.inflight.remove(slot);
         let peer = &mut self.peers[f.peer];
         peer.inflight -= 1;
         let err = status.err().map(|e| match &peer.lost {
-            Some((reason, _)) => Error::PeerLost {
-                op: f.op,
-                peer: peer.label.clone(),
-                reason: format!("{reason}; {e}"),
-            },
+            Some(reason) => {
+                Error::PeerLost { op: f.op, peer: peer.label.clone(), reason: format!("{reason}; {e}") }
+            }
             None => Error::from_transport(f.op, &peer.label, e),
         });
         match f.chunk {
@@ -536,41 +528,6 @@ impl Reactor {
                 };
                 resolve(&self.counters, &f.cell, res);
             }
-        }
-        self.maybe_forget(f.peer);
-    }
-
-    /// Drop a peer from the address vector once nothing of it is in flight.
-    fn maybe_forget(&mut self, slot: usize) {
-        let p = &self.peers[slot];
-        if p.closing && p.inflight == 0 {
-            let p = self.peers.remove(slot);
-            if p.lost.is_some() {
-                self.lost_peers -= 1;
-            }
-            if p.in_av {
-                self.t.remove_peer(p.addr);
-            }
-        }
-    }
-
-    /// A lost peer's posted ops get a grace period to complete with the provider's own error;
-    /// then the peer is removed from the address vector and its requests cancelled.
-    fn expire_lost(&mut self) {
-        let now = Instant::now();
-        let mut expired = Vec::new();
-        for (slot, p) in self.peers.iter_mut() {
-            if let Some((_, since)) = &p.lost {
-                if p.in_av && p.inflight > 0 && now.duration_since(*since) > self.grace {
-                    tracing::warn!(peer = %p.label, inflight = p.inflight, "removing lost peer to flush its ops");
-                    self.t.remove_peer(p.addr);
-                    p.in_av = false;
-                    expired.push(slot);
-                }
-            }
-        }
-        for slot in expired {
-            self.cancel_posted(slot, false);
         }
     }
 

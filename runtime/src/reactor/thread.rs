@@ -35,41 +35,39 @@ pub(crate) fn spawn(
     idle: Arc<Idle>,
     policy: IdlePolicy,
 ) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("rdmalane-reactor".into())
-        .spawn(move || {
-            if let Some(core) = core {
-                if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-                    tracing::debug!(core, "reactor pinned");
-                } else {
-                    tracing::warn!(core, "could not pin the reactor thread");
-                }
+    std::thread::Builder::new().name("rdmalane-reactor".into()).spawn(move || {
+        if let Some(core) = core {
+            if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                tracing::debug!(core, "reactor pinned");
+            } else {
+                tracing::warn!(core, "could not pin the reactor thread");
             }
-            let mut last_work = Instant::now();
-            loop {
-                if reactor.turn() || reactor.busy() {
-                    last_work = Instant::now();
-                    continue;
-                }
-                if idle.shutdown.load(Ordering::Acquire) || reactor.orphaned() {
-                    break;
-                }
-                if last_work.elapsed() < policy.spin {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                // Announce the sleep, then look once more: a submitter either sees the flag and
-                // notifies, or its command is already in the queue for this turn.
-                idle.sleeping.store(true, Ordering::SeqCst);
-                if !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
-                    reactor.transport_mut().wait(policy.max_sleep);
-                }
-                idle.sleeping.store(false, Ordering::SeqCst);
-                // Check again right away, but start the spin window only when something happened.
-                if reactor.turn() {
-                    last_work = Instant::now();
-                }
+        }
+        let mut last_work = Instant::now();
+        loop {
+            if reactor.turn() || reactor.busy() {
+                last_work = Instant::now();
+                continue;
             }
-            reactor.shutdown(Duration::from_secs(2));
-        })
+            if idle.shutdown.load(Ordering::Acquire) || reactor.orphaned() {
+                break;
+            }
+            if last_work.elapsed() < policy.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Announce the sleep, then look once more: a submitter either sees the flag and
+            // notifies, or its command is already in the queue for this turn.
+            idle.sleeping.store(true, Ordering::SeqCst);
+            if !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
+                reactor.transport_mut().wait(policy.max_sleep);
+            }
+            idle.sleeping.store(false, Ordering::SeqCst);
+            // Check again right away, but start the spin window only when something happened.
+            if reactor.turn() {
+                last_work = Instant::now();
+            }
+        }
+        reactor.shutdown(Duration::from_secs(2));
+    })
 }

@@ -94,10 +94,7 @@ impl SchedConfig {
         if let Some(v) = num("RDMALANE_NIC_BYTES") {
             self.nic_bytes = v.max(1);
         }
-        if let Some(v) = std::env::var("RDMALANE_MIN_BULK_SHARE")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-        {
+        if let Some(v) = std::env::var("RDMALANE_MIN_BULK_SHARE").ok().and_then(|v| v.parse::<f64>().ok()) {
             self.min_bulk_share = v.clamp(0.0, 1.0);
         }
     }

@@ -144,12 +144,7 @@ impl Scheduler {
     }
 
     fn tenant(&mut self, t: TenantId) -> &mut Tenant {
-        self.tenants.entry(t).or_insert(Tenant {
-            weight: 1,
-            vtime: 0,
-            bulk: VecDeque::new(),
-            inflight: 0,
-        })
+        self.tenants.entry(t).or_insert(Tenant { weight: 1, vtime: 0, bulk: VecDeque::new(), inflight: 0 })
     }
 
     /// Ops known and not yet resolved.
@@ -252,12 +247,15 @@ impl Scheduler {
             let progressed = match self.cfg.mode {
                 Mode::Fifo => self.next_fifo(out),
                 Mode::Fair => {
-                    let bulk_first = self.bulk_is_owed();
-                    if bulk_first {
-                        self.next_bulk(out) || self.next_latency(out)
+                    let order = if self.bulk_is_owed() {
+                        [Class::Bulk, Class::Latency]
                     } else {
-                        self.next_latency(out) || self.next_bulk(out)
-                    }
+                        [Class::Latency, Class::Bulk]
+                    };
+                    order.into_iter().any(|class| match class {
+                        Class::Latency => self.next_latency(out),
+                        Class::Bulk => self.next_bulk(out),
+                    })
                 }
             };
             if !progressed {
@@ -398,12 +396,7 @@ impl Scheduler {
             self.posted_latency /= 2;
             self.posted_bulk /= 2;
         }
-        Chunk {
-            op: id,
-            offset,
-            len,
-            lane,
-        }
+        Chunk { op: id, offset, len, lane }
     }
 
     fn account(&mut self, lane: LaneId, tenant: TenantId, class: Class, bytes: isize, wrs: isize) {

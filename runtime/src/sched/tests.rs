@@ -17,13 +17,7 @@ fn cfg() -> SchedConfig {
 }
 
 fn bulk(tenant: TenantId, len: usize, lanes: Vec<LaneId>) -> OpSpec {
-    OpSpec {
-        tenant,
-        class: Class::Bulk,
-        len,
-        lanes,
-        splittable: true,
-    }
+    OpSpec { tenant, class: Class::Bulk, len, lanes, splittable: true }
 }
 
 /// Run until `stop` or nothing moves; completes the oldest chunk each step unless `order`
@@ -37,12 +31,7 @@ struct Sim {
 
 impl Sim {
     fn new(c: SchedConfig) -> Sim {
-        Sim {
-            s: Scheduler::new(c),
-            inflight: VecDeque::new(),
-            posted: Vec::new(),
-            done: Vec::new(),
-        }
+        Sim { s: Scheduler::new(c), inflight: VecDeque::new(), posted: Vec::new(), done: Vec::new() }
     }
     fn fill(&mut self) {
         let mut out = Vec::new();
@@ -209,10 +198,7 @@ fn a_latency_op_goes_before_any_further_bulk_and_waits_for_at_most_the_budget() 
     sim.fill();
     // What is ahead of it: the bulk in flight, bounded by the tenant budgets.
     let ahead: usize = sim.inflight.iter().map(|c| c.len).sum();
-    assert!(
-        ahead <= 3 * (cfg().tenant_bytes + cfg().chunk_size),
-        "{ahead} bytes ahead"
-    );
+    assert!(ahead <= 3 * (cfg().tenant_bytes + cfg().chunk_size), "{ahead} bytes ahead");
     let id = sim.s.push(OpSpec {
         tenant: 9,
         class: Class::Latency,
@@ -223,19 +209,12 @@ fn a_latency_op_goes_before_any_further_bulk_and_waits_for_at_most_the_budget() 
     sim.complete_at(0, true);
     let mut out = Vec::new();
     sim.s.next(&mut out, 64);
-    assert_eq!(
-        out.first().map(|c| c.op),
-        Some(id),
-        "latency op not first: {out:?}"
-    );
+    assert_eq!(out.first().map(|c| c.op), Some(id), "latency op not first: {out:?}");
 }
 
 #[test]
 fn bulk_is_not_starved_by_a_latency_flood() {
-    let c = SchedConfig {
-        min_bulk_share: 0.2,
-        ..cfg()
-    };
+    let c = SchedConfig { min_bulk_share: 0.2, ..cfg() };
     let mut sim = Sim::new(c);
     sim.s.push(bulk(0, 100_000_000, vec![0]));
     let (mut bulk_bytes, mut lat_bytes) = (0usize, 0usize);
@@ -267,20 +246,10 @@ fn bulk_is_not_starved_by_a_latency_flood() {
 #[test]
 fn small_ops_are_never_split_and_messages_never_are() {
     let mut sim = Sim::new(cfg());
-    let a = sim.s.push(OpSpec {
-        tenant: 0,
-        class: Class::Latency,
-        len: 999,
-        lanes: vec![0],
-        splittable: true,
-    });
-    let b = sim.s.push(OpSpec {
-        tenant: 0,
-        class: Class::Bulk,
-        len: 5000,
-        lanes: vec![0],
-        splittable: false,
-    });
+    let a =
+        sim.s.push(OpSpec { tenant: 0, class: Class::Latency, len: 999, lanes: vec![0], splittable: true });
+    let b =
+        sim.s.push(OpSpec { tenant: 0, class: Class::Bulk, len: 5000, lanes: vec![0], splittable: false });
     sim.drain();
     let pieces = |id| sim.posted.iter().filter(|c| c.op == id).count();
     assert_eq!((pieces(a), pieces(b)), (1, 1));
@@ -290,21 +259,10 @@ fn small_ops_are_never_split_and_messages_never_are() {
 
 #[test]
 fn fifo_posts_whole_ops_in_arrival_order() {
-    let mut sim = Sim::new(SchedConfig {
-        mode: Mode::Fifo,
-        ..cfg()
-    });
+    let mut sim = Sim::new(SchedConfig { mode: Mode::Fifo, ..cfg() });
     let a = sim.s.push(bulk(0, 50_000, vec![0]));
-    let b = sim.s.push(OpSpec {
-        tenant: 1,
-        class: Class::Latency,
-        len: 16,
-        lanes: vec![0],
-        splittable: true,
-    });
+    let b =
+        sim.s.push(OpSpec { tenant: 1, class: Class::Latency, len: 16, lanes: vec![0], splittable: true });
     sim.fill();
-    assert_eq!(
-        sim.posted.iter().map(|c| (c.op, c.len)).collect::<Vec<_>>(),
-        vec![(a, 50_000), (b, 16)]
-    );
+    assert_eq!(sim.posted.iter().map(|c| (c.op, c.len)).collect::<Vec<_>>(), vec![(a, 50_000), (b, 16)]);
 }

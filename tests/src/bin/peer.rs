@@ -10,9 +10,7 @@ async fn main() {
     let l = rt.listen("127.0.0.1:0").await.expect("listen");
     println!("LISTENING {}", l.local_addr().expect("addr"));
     let ep = l.accept().await.expect("accept");
-    let region = rt
-        .expose(rt.alloc(cmd::REGION).expect("alloc"), Access::READ_WRITE)
-        .expect("expose");
+    let region = rt.expose(rt.alloc(cmd::REGION).expect("alloc"), Access::READ_WRITE).expect("expose");
     let mut msg = rt.alloc(rdmalane::RemoteBuf::ENCODED_LEN).expect("alloc");
     msg.copy_from_slice(&region.descriptor().to_bytes());
     ep.send(msg).await.0.expect("send descriptor");
@@ -49,10 +47,7 @@ async fn main() {
                 let n = n.expect("echo recv");
                 let mut out = rt.alloc(n.max(1)).expect("alloc");
                 out[..n].copy_from_slice(&got[..n]);
-                ep.send(out.slice(..n).expect("slice"))
-                    .await
-                    .0
-                    .expect("echo send");
+                ep.send(out.slice(..n).expect("slice")).await.0.expect("echo send");
                 continue;
             }
             _ => return,
