@@ -53,6 +53,8 @@ struct Peer {
     label: String,
     /// Our lanes to the peer and its address on each; the first carries messages.
     lanes: Vec<(LaneId, PeerAddr)>,
+    /// The same lanes, as the scheduler takes them.
+    lane_ids: Arc<[LaneId]>,
     /// Why the peer is gone, once it is: its lanes are closed and new ops fail at once.
     lost: Option<String>,
     inflight: usize,
@@ -205,7 +207,7 @@ impl Reactor {
             tenant: req.tenant,
             class: req.class.unwrap_or_else(|| self.sched.config().default_class(req.seg.len)),
             len: req.seg.len,
-            lanes: self.peers[req.peer].lanes.iter().map(|(l, _)| *l).collect(),
+            lanes: self.peers[req.peer].lane_ids.clone(),
             splittable: one_sided,
         };
         let id = self.sched.push(spec);
@@ -254,7 +256,10 @@ impl Reactor {
                     .map(|(&l, name)| self.t.connect_lane(l, name).map(|a| (l, a)))
                     .collect();
                 let res =
-                    res.map(|lanes| self.peers.insert(Peer { id, label, lanes, lost: None, inflight: 0 }));
+                    res.map(|lanes| {
+                    let lane_ids = lanes.iter().map(|(l, _)| *l).collect();
+                    self.peers.insert(Peer { id, label, lanes, lane_ids, lost: None, inflight: 0 })
+                });
                 if res.is_err() {
                     lanes.iter().for_each(|&l| self.t.close_lane(l));
                 }

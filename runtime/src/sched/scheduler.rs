@@ -1,4 +1,5 @@
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use slab::Slab;
 
@@ -20,8 +21,9 @@ pub struct OpSpec {
     pub class: Class,
     /// Bytes it moves.
     pub len: usize,
-    /// Lanes it may use (its peer's); at least one.
-    pub lanes: Vec<LaneId>,
+    /// Lanes it may use (its peer's); at least one. Shared, so pushing an op allocates no
+    /// lane list.
+    pub lanes: Arc<[LaneId]>,
     /// Whether it may be split (one-sided ops may; a message may not).
     pub splittable: bool,
 }
@@ -53,7 +55,7 @@ struct OpState {
     tenant: TenantId,
     class: Class,
     len: usize,
-    lanes: Vec<LaneId>,
+    lanes: Arc<[LaneId]>,
     splittable: bool,
     /// Next offset never issued.
     issued: usize,
@@ -109,7 +111,8 @@ pub struct Scheduler {
     tenants: HashMap<TenantId, Tenant>,
     /// Tenants with bulk work.
     ring: Vec<TenantId>,
-    lanes: HashMap<LaneId, Load>,
+    /// Load per lane, indexed by lane id.
+    lanes: Vec<Load>,
     nic: Load,
     /// Bytes posted per class, decayed, for the minimum bulk share.
     posted_latency: u64,
@@ -126,7 +129,7 @@ impl Scheduler {
             fifo: VecDeque::new(),
             tenants: HashMap::new(),
             ring: Vec::new(),
-            lanes: HashMap::new(),
+            lanes: Vec::new(),
             nic: Load::default(),
             posted_latency: 0,
             posted_bulk: 0,
@@ -242,6 +245,9 @@ impl Scheduler {
 
     /// Append up to `max` chunks to post now, within the budgets.
     pub fn next(&mut self, out: &mut Vec<Chunk>, max: usize) {
+        if self.ops.is_empty() {
+            return;
+        }
         let start = out.len();
         while out.len() - start < max {
             let progressed = match self.cfg.mode {
@@ -274,7 +280,7 @@ impl Scheduler {
     }
 
     fn lane_load(&self, lane: LaneId) -> Load {
-        self.lanes.get(&lane).copied().unwrap_or_default()
+        self.lanes.get(lane).copied().unwrap_or_default()
     }
 
     fn next_fifo(&mut self, out: &mut Vec<Chunk>) -> bool {
@@ -401,7 +407,10 @@ impl Scheduler {
 
     fn account(&mut self, lane: LaneId, tenant: TenantId, class: Class, bytes: isize, wrs: isize) {
         let bulk = if class == Class::Bulk { bytes } else { 0 };
-        for l in [self.lanes.entry(lane).or_default(), &mut self.nic] {
+        if self.lanes.len() <= lane {
+            self.lanes.resize(lane + 1, Load::default());
+        }
+        for l in [&mut self.lanes[lane], &mut self.nic] {
             l.bytes = l.bytes.saturating_add_signed(bytes);
             l.bulk = l.bulk.saturating_add_signed(bulk);
             l.wrs = l.wrs.saturating_add_signed(wrs);

@@ -17,7 +17,7 @@ fn cfg() -> SchedConfig {
 }
 
 fn bulk(tenant: TenantId, len: usize, lanes: Vec<LaneId>) -> OpSpec {
-    OpSpec { tenant, class: Class::Bulk, len, lanes, splittable: true }
+    OpSpec { tenant, class: Class::Bulk, len, lanes: lanes.into(), splittable: true }
 }
 
 /// Run until `stop` or nothing moves; completes the oldest chunk each step unless `order`
@@ -71,7 +71,7 @@ proptest! {
         let mut lens = HashMap::new();
         for (t, len, small, lanes) in ops {
             let class = if small { Class::Latency } else { Class::Bulk };
-            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).collect(), splittable: true });
+            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).collect::<Vec<_>>().into(), splittable: true });
             lens.insert(id, len);
         }
         for i in order {
@@ -247,9 +247,9 @@ fn bulk_is_not_starved_by_a_latency_flood() {
 fn small_ops_are_never_split_and_messages_never_are() {
     let mut sim = Sim::new(cfg());
     let a =
-        sim.s.push(OpSpec { tenant: 0, class: Class::Latency, len: 999, lanes: vec![0], splittable: true });
+        sim.s.push(OpSpec { tenant: 0, class: Class::Latency, len: 999, lanes: vec![0].into(), splittable: true });
     let b =
-        sim.s.push(OpSpec { tenant: 0, class: Class::Bulk, len: 5000, lanes: vec![0], splittable: false });
+        sim.s.push(OpSpec { tenant: 0, class: Class::Bulk, len: 5000, lanes: vec![0].into(), splittable: false });
     sim.drain();
     let pieces = |id| sim.posted.iter().filter(|c| c.op == id).count();
     assert_eq!((pieces(a), pieces(b)), (1, 1));
@@ -262,7 +262,7 @@ fn fifo_posts_whole_ops_in_arrival_order() {
     let mut sim = Sim::new(SchedConfig { mode: Mode::Fifo, ..cfg() });
     let a = sim.s.push(bulk(0, 50_000, vec![0]));
     let b =
-        sim.s.push(OpSpec { tenant: 1, class: Class::Latency, len: 16, lanes: vec![0], splittable: true });
+        sim.s.push(OpSpec { tenant: 1, class: Class::Latency, len: 16, lanes: vec![0].into(), splittable: true });
     sim.fill();
     assert_eq!(sim.posted.iter().map(|c| (c.op, c.len)).collect::<Vec<_>>(), vec![(a, 50_000), (b, 16)]);
 }
