@@ -225,7 +225,7 @@ fn bulk_is_not_starved_by_a_latency_flood() {
                 tenant: 1,
                 class: Class::Latency,
                 len: 1000,
-                lanes: vec![0],
+                lanes: vec![0].into(),
                 splittable: false,
             });
         }
