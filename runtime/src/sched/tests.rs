@@ -203,7 +203,7 @@ fn a_latency_op_goes_before_any_further_bulk_and_waits_for_at_most_the_budget() 
         tenant: 9,
         class: Class::Latency,
         len: 16,
-        lanes: vec![0, 1],
+        lanes: vec![0, 1].into(),
         splittable: false,
     });
     sim.complete_at(0, true);
