@@ -14,6 +14,46 @@ pub enum Cmd {
     Lat(Common),
     /// One-sided write bandwidth with a window of writes in flight.
     Bw(Common),
+    /// 16 B ping-pong alone, 1 MiB write stream alone, then both on one connection.
+    Mixed(Mixed),
+    /// Tenant A's bulk on many lanes against tenant B's on one: per-tenant fairness.
+    Tenants(Mixed),
+}
+
+/// The scheduler mode to run with.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sched {
+    /// Split, prioritise, share, rotate.
+    Fair,
+    /// Whole ops in arrival order, as raw libfabric.
+    Fifo,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Mixed {
+    #[command(flatten)]
+    pub common: Common,
+    /// fair or fifo.
+    #[arg(long, value_enum, default_value_t = Sched::Fair)]
+    pub scheduler: Sched,
+    /// Chunk size for split writes (default: the runtime's).
+    #[arg(long)]
+    pub chunk_size: Option<usize>,
+    /// Bulk bytes in flight per lane and per tenant (default: the runtime's).
+    #[arg(long)]
+    pub lane_bytes: Option<usize>,
+    /// Lanes per connection (tenants: tenant A's; B has one).
+    #[arg(long)]
+    pub lanes: Option<usize>,
+    /// Bulk write size.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub bulk_size: usize,
+    /// Bulk writes in flight.
+    #[arg(long, default_value_t = 8)]
+    pub bulk_window: usize,
+    /// Seconds of bulk alone (and per tenant run).
+    #[arg(long, default_value_t = 2.0)]
+    pub secs: f64,
 }
 
 /// Which code drives the transport.
@@ -33,7 +73,7 @@ pub struct Common {
     /// Message size in bytes.
     #[arg(long, default_value_t = 16)]
     pub size: usize,
-    /// Measured iterations.
+    /// Measured iterations (mixed: ping-pongs per phase).
     #[arg(long, default_value_t = 10000)]
     pub iters: usize,
     /// Unmeasured iterations first.

@@ -22,6 +22,11 @@ pub struct ServerChild {
 impl ServerChild {
     /// Start `rdmalane-perf MODE --server` with the same settings; returns it and its address.
     pub fn spawn(mode: &str, a: &Common) -> Result<(ServerChild, String), BoxErr> {
+        Self::spawn_with(mode, a, &[])
+    }
+
+    /// As `spawn`, with extra arguments for the mode.
+    pub fn spawn_with(mode: &str, a: &Common, extra: &[String]) -> Result<(ServerChild, String), BoxErr> {
         let engine = match a.engine {
             Engine::Runtime => "runtime",
             Engine::Raw => "raw",
@@ -39,6 +44,7 @@ impl ServerChild {
             ])
             .args(["--size", &a.size.to_string(), "--iters", &a.iters.to_string()])
             .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()?;
         let mut out = BufReader::new(child.stdout.take().expect("piped"));
@@ -103,6 +109,11 @@ impl CpuMeter {
     }
 }
 
+/// A tokio runtime for the control plane (handshakes, peer liveness).
+pub fn control_plane() -> Result<tokio::runtime::Runtime, BoxErr> {
+    tokio_rt()
+}
+
 /// The runtime engine's connection.
 pub struct RtConn {
     /// Runs the control-plane tasks (peer liveness) for the connection's life.
@@ -116,8 +127,21 @@ fn tokio_rt() -> Result<tokio::runtime::Runtime, BoxErr> {
 }
 
 fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
-    let mut b =
-        Runtime::builder().backend(rdmalane_efa::Libfabric).provider(&a.provider).driver(Driver::Inline);
+    build_rt_with(a, rdmalane::sched::SchedConfig::default(), 1)
+}
+
+/// A runtime for the benchmarks: the inline driver (the benchmark thread drives the reactor).
+pub fn build_rt_with(
+    a: &Common,
+    sched: rdmalane::sched::SchedConfig,
+    lanes: usize,
+) -> Result<Runtime, BoxErr> {
+    let mut b = Runtime::builder()
+        .backend(rdmalane_efa::Libfabric)
+        .provider(&a.provider)
+        .driver(Driver::Inline)
+        .scheduler(sched)
+        .lanes(lanes);
     if let Some(n) = &a.node {
         b = b.node(n);
     }

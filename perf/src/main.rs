@@ -7,7 +7,9 @@ mod bw;
 mod cli;
 mod conn;
 mod lat;
+mod mixed;
 mod report;
+mod tenants;
 
 use clap::Parser;
 
@@ -20,6 +22,8 @@ fn main() {
     let result = match &cli.cmd {
         cli::Cmd::Lat(a) => lat::run(a),
         cli::Cmd::Bw(a) => bw::run(a),
+        cli::Cmd::Mixed(a) => mixed::run(a),
+        cli::Cmd::Tenants(a) => tenants::run(a),
     };
     if let Err(e) = result {
         eprintln!("rdmalane-perf: {e}");

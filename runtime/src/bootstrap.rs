@@ -52,7 +52,7 @@ impl Listener {
             OpKind::Accept,
             &addr.to_string(),
             limit,
-            handshake(&self.rt, stream, addr, OpKind::Accept),
+            handshake(&self.rt, stream, addr, OpKind::Accept, 0),
         )
         .await
     }
@@ -71,6 +71,19 @@ impl Runtime {
 
     /// Connect to a listening peer; fails within the connect timeout when nobody answers.
     pub async fn connect(&self, addr: impl ToSocketAddrs + std::fmt::Display) -> Result<Endpoint> {
+        self.connect_with_lanes(addr, self.lanes()).await
+    }
+
+    /// Connect with `lanes` lanes (1 to 64) instead of the runtime's default; the peer opens as
+    /// many.
+    pub async fn connect_with_lanes(
+        &self,
+        addr: impl ToSocketAddrs + std::fmt::Display,
+        lanes: usize,
+    ) -> Result<Endpoint> {
+        if !(1..=MAX_LANES).contains(&lanes) {
+            return Err(Error::invalid(OpKind::Connect, format!("{lanes} lanes (1 to {MAX_LANES})")));
+        }
         let label = addr.to_string();
         let limit = self.connect_timeout();
         with_timeout(OpKind::Connect, &label, limit, async {
@@ -84,7 +97,7 @@ impl Runtime {
                 peer: label.clone(),
                 source: e,
             })?;
-            handshake(self, stream, peer, OpKind::Connect).await
+            handshake(self, stream, peer, OpKind::Connect, lanes).await
         })
         .await
     }
@@ -156,12 +169,47 @@ async fn read_field(s: &mut TcpStream, max: usize) -> std::result::Result<Vec<u8
     Ok(v)
 }
 
-async fn handshake(rt: &Runtime, s: TcpStream, addr: SocketAddr, op: OpKind) -> Result<Endpoint> {
+/// The connector opens its lanes and speaks first; the acceptor opens as many lanes as the
+/// connector asked for and answers; both connect lane i to lane i.
+async fn handshake(
+    rt: &Runtime,
+    mut s: TcpStream,
+    addr: SocketAddr,
+    op: OpKind,
+    lanes: usize,
+) -> Result<Endpoint> {
     let peer = addr.to_string();
-    let lanes = rt.open_lanes(&peer)?;
-    let ids: Vec<_> = lanes.iter().map(|(l, _)| *l).collect();
-    let names = lanes.into_iter().map(|(_, n)| n).collect();
-    match meet(rt, s, addr, op, ids.clone(), names).await {
+    let fail = |reason: String| Error::Handshake { op, peer: peer.clone(), reason };
+    let _ = s.set_nodelay(true);
+    let (opened, them) = if op == OpKind::Connect {
+        let opened = rt.open_lanes(&peer, lanes)?;
+        let names = opened.iter().map(|(_, n)| n.clone()).collect();
+        let me = Hello { id: rt.id(), provider: rt.provider().to_string(), names };
+        let res = async {
+            s.write_all(&encode(&me)).await.map_err(|e| fail(format!("sending hello: {e}")))?;
+            read_hello(&mut s).await.map_err(&fail)
+        }
+        .await;
+        match res {
+            Ok(them) => (opened, them),
+            Err(e) => {
+                rt.close_lanes(opened.into_iter().map(|(l, _)| l).collect());
+                return Err(e);
+            }
+        }
+    } else {
+        let them = read_hello(&mut s).await.map_err(&fail)?;
+        let opened = rt.open_lanes(&peer, them.names.len())?;
+        let names = opened.iter().map(|(_, n)| n.clone()).collect();
+        let me = Hello { id: rt.id(), provider: rt.provider().to_string(), names };
+        if let Err(e) = s.write_all(&encode(&me)).await {
+            rt.close_lanes(opened.into_iter().map(|(l, _)| l).collect());
+            return Err(fail(format!("sending hello: {e}")));
+        }
+        (opened, them)
+    };
+    let ids: Vec<_> = opened.iter().map(|(l, _)| *l).collect();
+    match meet(rt, s, addr, op, ids.clone(), them).await {
         Ok(ep) => Ok(ep),
         Err((e, added)) => {
             match added {
@@ -173,38 +221,31 @@ async fn handshake(rt: &Runtime, s: TcpStream, addr: SocketAddr, op: OpKind) -> 
     }
 }
 
-/// The exchange itself; on failure says whether the peer was already added (then removing it
-/// closes the lanes).
+/// Check the peer's hello, add it, and agree that both sides are ready; on failure says
+/// whether the peer was already added (then removing it closes the lanes).
 async fn meet(
     rt: &Runtime,
     mut s: TcpStream,
     addr: SocketAddr,
     op: OpKind,
     lanes: Vec<usize>,
-    names: Vec<Vec<u8>>,
+    them: Hello,
 ) -> std::result::Result<Endpoint, (Error, Option<usize>)> {
     let peer = addr.to_string();
     let fail = |reason: String| Error::Handshake { op, peer: peer.clone(), reason };
-    let _ = s.set_nodelay(true);
-    let me = Hello { id: rt.id(), provider: rt.provider().to_string(), names };
-    s.write_all(&encode(&me)).await.map_err(|e| (fail(format!("sending hello: {e}")), None))?;
-    let them = read_hello(&mut s).await.map_err(|r| (fail(r), None))?;
-    if them.provider != me.provider {
-        let why = format!("peer uses provider {:?}, this runtime {:?}", them.provider, me.provider);
+    if them.provider != rt.provider() {
+        let why = format!("peer uses provider {:?}, this runtime {:?}", them.provider, rt.provider());
         return Err((fail(why), None));
     }
-    if them.id == me.id {
+    if them.id == rt.id() {
         return Err((fail("peer has this runtime's id (connected to itself?)".into()), None));
     }
-    // Both sides use as many lanes as the one with fewer opened.
-    let k = them.names.len().min(lanes.len());
-    if k < lanes.len() {
-        rt.close_lanes(lanes[k..].to_vec());
+    if them.names.len() != lanes.len() {
+        let why = format!("peer answered with {} lanes for {}", them.names.len(), lanes.len());
+        return Err((fail(why), None));
     }
     let label = format!("{addr}#{:x}", them.id);
-    let mut theirs = them.names;
-    theirs.truncate(k);
-    let slot = rt.add_peer(them.id, lanes[..k].to_vec(), theirs, label.clone()).map_err(|e| (e, None))?;
+    let slot = rt.add_peer(them.id, lanes, them.names, label.clone()).map_err(|e| (e, None))?;
     // Both sides must know each other before the first message, or a message could reach a
     // lane not yet connected.
     let sync = async {

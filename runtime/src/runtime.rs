@@ -400,8 +400,7 @@ impl Runtime {
             .map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e))
     }
 
-    pub(crate) fn open_lanes(&self, peer: &str) -> Result<Vec<(LaneId, Vec<u8>)>> {
-        let n = self.inner.lanes;
+    pub(crate) fn open_lanes(&self, peer: &str, n: usize) -> Result<Vec<(LaneId, Vec<u8>)>> {
         self.call(OpKind::Connect, |reply| Cmd::OpenLanes { n, reply })?
             .map_err(|e| Error::from_transport(OpKind::Connect, peer, e))
     }

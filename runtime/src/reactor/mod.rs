@@ -17,7 +17,7 @@ use crate::buf::lease;
 use crate::error::{Error, OpKind, TransportError};
 use crate::imm::ImmQueue;
 use crate::op::{Complete, Done};
-use crate::sched::{Chunk, OpDone, OpId, OpSpec, SchedConfig, Scheduler};
+use crate::sched::{Chunk, Class, OpDone, OpId, OpSpec, SchedConfig, Scheduler};
 use crate::stats::Counters;
 use crate::transport::{
     Completion, LaneId, LocalSeg, PeerAddr, PostError, Posted, Transport, WorkRequest, WrKind,
@@ -55,6 +55,10 @@ struct Peer {
     lanes: Vec<(LaneId, PeerAddr)>,
     /// The same lanes, as the scheduler takes them.
     lane_ids: Arc<[LaneId]>,
+    /// The first lane alone: messages go there.
+    msg_lane: Arc<[LaneId]>,
+    /// The lanes bulk rotates over: all but the first when there are several.
+    bulk_lanes: Arc<[LaneId]>,
     /// Why the peer is gone, once it is: its lanes are closed and new ops fail at once.
     lost: Option<String>,
     inflight: usize,
@@ -203,13 +207,17 @@ impl Reactor {
             return;
         }
         let one_sided = matches!(req.kind, WrKind::Write { .. } | WrKind::Read { .. });
-        let spec = OpSpec {
-            tenant: req.tenant,
-            class: req.class.unwrap_or_else(|| self.sched.config().default_class(req.seg.len)),
-            len: req.seg.len,
-            lanes: self.peers[req.peer].lane_ids.clone(),
-            splittable: one_sided,
+        let p = &self.peers[req.peer];
+        let class = req.class.unwrap_or_else(|| self.sched.config().default_class(req.seg.len));
+        // Messages stay on the first lane, where the peer posts its receives. With several
+        // lanes, the first is the express lane: bulk rotates over the others, so a latency op
+        // (which takes the least-loaded lane) finds one with no bulk queued on it.
+        let lanes = match (one_sided, class) {
+            (false, _) => p.msg_lane.clone(),
+            (true, Class::Bulk) if p.lane_ids.len() > 1 => p.bulk_lanes.clone(),
+            (true, _) => p.lane_ids.clone(),
         };
+        let spec = OpSpec { tenant: req.tenant, class, len: req.seg.len, lanes, splittable: one_sided };
         let id = self.sched.push(spec);
         if self.held.len() <= id.0 {
             self.held.resize_with(id.0 + 1, || None);
@@ -255,10 +263,13 @@ impl Reactor {
                     .zip(&names)
                     .map(|(&l, name)| self.t.connect_lane(l, name).map(|a| (l, a)))
                     .collect();
-                let res =
-                    res.map(|lanes| {
-                    let lane_ids = lanes.iter().map(|(l, _)| *l).collect();
-                    self.peers.insert(Peer { id, label, lanes, lane_ids, lost: None, inflight: 0 })
+                let res = res.map(|lanes| {
+                    let lane_ids: Arc<[LaneId]> = lanes.iter().map(|(l, _)| *l).collect();
+                    let msg_lane = lane_ids[..1].into();
+                    let bulk_lanes = if lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
+                    let peer =
+                        Peer { id, label, lanes, lane_ids, msg_lane, bulk_lanes, lost: None, inflight: 0 };
+                    self.peers.insert(peer)
                 });
                 if res.is_err() {
                     lanes.iter().for_each(|&l| self.t.close_lane(l));

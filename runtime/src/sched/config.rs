@@ -41,6 +41,9 @@ pub struct SchedConfig {
     pub nic_wrs: usize,
     /// Smallest share of posted bytes bulk keeps while latency traffic is queued (0..1).
     pub min_bulk_share: f64,
+    /// Bulk chunks handed out per `next` call. Posting can cost a copy of the chunk (tcp, shm);
+    /// the reactor reaps between rounds, so latency work gets in between bulk chunks.
+    pub bulk_per_round: usize,
 }
 
 impl Default for SchedConfig {
@@ -55,6 +58,7 @@ impl Default for SchedConfig {
             nic_bytes: 4 << 20,
             nic_wrs: 1024,
             min_bulk_share: 0.1,
+            bulk_per_round: 1,
         }
     }
 }

@@ -249,6 +249,7 @@ impl Scheduler {
             return;
         }
         let start = out.len();
+        let mut bulk = 0;
         while out.len() - start < max {
             let progressed = match self.cfg.mode {
                 Mode::Fifo => self.next_fifo(out),
@@ -260,7 +261,12 @@ impl Scheduler {
                     };
                     order.into_iter().any(|class| match class {
                         Class::Latency => self.next_latency(out),
-                        Class::Bulk => self.next_bulk(out),
+                        Class::Bulk if bulk < self.cfg.bulk_per_round => {
+                            let ok = self.next_bulk(out);
+                            bulk += ok as usize;
+                            ok
+                        }
+                        Class::Bulk => false,
                     })
                 }
             };

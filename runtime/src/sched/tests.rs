@@ -12,6 +12,7 @@ fn cfg() -> SchedConfig {
         lane_bytes: 4000,
         tenant_bytes: 4000,
         nic_bytes: 16_000,
+        bulk_per_round: usize::MAX,
         ..Default::default()
     }
 }
@@ -246,10 +247,20 @@ fn bulk_is_not_starved_by_a_latency_flood() {
 #[test]
 fn small_ops_are_never_split_and_messages_never_are() {
     let mut sim = Sim::new(cfg());
-    let a =
-        sim.s.push(OpSpec { tenant: 0, class: Class::Latency, len: 999, lanes: vec![0].into(), splittable: true });
-    let b =
-        sim.s.push(OpSpec { tenant: 0, class: Class::Bulk, len: 5000, lanes: vec![0].into(), splittable: false });
+    let a = sim.s.push(OpSpec {
+        tenant: 0,
+        class: Class::Latency,
+        len: 999,
+        lanes: vec![0].into(),
+        splittable: true,
+    });
+    let b = sim.s.push(OpSpec {
+        tenant: 0,
+        class: Class::Bulk,
+        len: 5000,
+        lanes: vec![0].into(),
+        splittable: false,
+    });
     sim.drain();
     let pieces = |id| sim.posted.iter().filter(|c| c.op == id).count();
     assert_eq!((pieces(a), pieces(b)), (1, 1));
@@ -261,8 +272,25 @@ fn small_ops_are_never_split_and_messages_never_are() {
 fn fifo_posts_whole_ops_in_arrival_order() {
     let mut sim = Sim::new(SchedConfig { mode: Mode::Fifo, ..cfg() });
     let a = sim.s.push(bulk(0, 50_000, vec![0]));
-    let b =
-        sim.s.push(OpSpec { tenant: 1, class: Class::Latency, len: 16, lanes: vec![0].into(), splittable: true });
+    let b = sim.s.push(OpSpec {
+        tenant: 1,
+        class: Class::Latency,
+        len: 16,
+        lanes: vec![0].into(),
+        splittable: true,
+    });
     sim.fill();
     assert_eq!(sim.posted.iter().map(|c| (c.op, c.len)).collect::<Vec<_>>(), vec![(a, 50_000), (b, 16)]);
+}
+
+#[test]
+fn bulk_per_round_bounds_the_chunks_of_one_call_but_not_latency() {
+    let mut s = Scheduler::new(SchedConfig { bulk_per_round: 1, ..cfg() });
+    s.push(bulk(0, 100_000, vec![0]));
+    for _ in 0..3 {
+        s.push(OpSpec { tenant: 1, class: Class::Latency, len: 8, lanes: vec![0].into(), splittable: false });
+    }
+    let mut out = Vec::new();
+    s.next(&mut out, 64);
+    assert_eq!(out.len(), 4, "three latency ops and one bulk chunk: {out:?}");
 }

@@ -1,0 +1,222 @@
+//! `mixed`: the head-of-line test. On ONE connection: a 16 B ping-pong alone, a stream of
+//! 1 MiB writes (8 in flight) alone, then both at once. With `--scheduler fifo` the ping waits
+//! behind the writes; with `fair` it should not, while the stream keeps its throughput.
+use std::cell::Cell;
+use std::io::Write;
+use std::time::Instant;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use hdrhistogram::Histogram;
+use rdmalane::sched::{Mode, SchedConfig};
+use rdmalane::{Access, Endpoint, RemoteBuf, Runtime};
+
+use crate::cli::{Mixed, Sched};
+use crate::conn::{build_rt_with, control_plane, BoxErr, CpuMeter, ServerChild};
+use crate::report::{print, Val};
+
+pub const PING: usize = 16;
+
+pub fn sched_config(m: &Mixed) -> SchedConfig {
+    let mut c = SchedConfig::default();
+    c.mode = match m.scheduler {
+        Sched::Fair => Mode::Fair,
+        Sched::Fifo => Mode::Fifo,
+    };
+    if let Some(v) = m.chunk_size {
+        c.chunk_size = v;
+    }
+    if let Some(v) = m.lane_bytes {
+        c.lane_bytes = v;
+        c.tenant_bytes = v;
+    }
+    c
+}
+
+/// Flags that make the child server run with the same settings.
+pub fn server_args(m: &Mixed) -> Vec<String> {
+    let mut v = vec![
+        "--scheduler".into(),
+        format!("{:?}", m.scheduler).to_lowercase(),
+        "--bulk-size".into(),
+        m.bulk_size.to_string(),
+    ];
+    if let Some(c) = m.chunk_size {
+        v.extend(["--chunk-size".into(), c.to_string()]);
+    }
+    v
+}
+
+/// Serve: expose the bulk target to every client, send it the descriptor, echo pings until each
+/// client sends its 1-byte stop.
+pub fn serve(m: &Mixed, clients: usize) -> Result<(), BoxErr> {
+    let a = &m.common;
+    let tokio = control_plane()?;
+    let rt = build_rt_with(a, sched_config(m), 1)?;
+    let eps: Vec<Endpoint> = tokio.block_on(async {
+        let l = rt.listen(&a.listen).await?;
+        println!("LISTENING {}", l.local_addr()?);
+        std::io::stdout().flush()?;
+        let mut v = Vec::new();
+        for _ in 0..clients {
+            v.push(l.accept().await?);
+        }
+        Ok::<_, BoxErr>(v)
+    })?;
+    let cpu = CpuMeter::start();
+    rt.block_on(async {
+        let target = rt.expose(rt.alloc(m.bulk_size)?, Access::WRITE)?;
+        let desc = target.descriptor();
+        let all: Vec<_> = eps.iter().map(|ep| echo(&rt, ep, desc)).collect();
+        for r in futures::future::join_all(all).await {
+            r?;
+        }
+        Ok::<(), BoxErr>(())
+    })?;
+    println!("SERVER_CPU {:.2}", cpu.pct());
+    drop(eps);
+    Ok(())
+}
+
+/// Send the bulk target's descriptor, then answer pings until the 1-byte stop.
+async fn echo(rt: &Runtime, ep: &Endpoint, desc: RemoteBuf) -> Result<(), BoxErr> {
+    let mut msg = rt.alloc(RemoteBuf::ENCODED_LEN)?;
+    msg.copy_from_slice(&desc.to_bytes());
+    let mut next = ep.recv(rt.alloc(PING)?).start();
+    ep.send(msg).await.0?;
+    let mut out = rt.alloc(PING)?;
+    loop {
+        let (n, b) = next.await;
+        if n? == 1 {
+            return Ok(());
+        }
+        next = ep.recv(b).start();
+        let (r, o) = ep.send(out).await;
+        r?;
+        out = o;
+    }
+}
+
+/// `n` ping-pongs; one-way latencies (half round trips) in ns.
+pub async fn pingpong(rt: &Runtime, ep: &Endpoint, n: usize) -> Result<Histogram<u64>, BoxErr> {
+    let mut h = Histogram::<u64>::new(3)?;
+    let (mut s, mut r) = (rt.alloc(PING)?, rt.alloc(PING)?);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let recv = ep.recv(r).start();
+        let (res, b) = ep.send(s).await;
+        res?;
+        s = b;
+        let (res, b) = recv.await;
+        res?;
+        r = b;
+        h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+    }
+    Ok(h)
+}
+
+/// Keep `window` writes of the bulk size in flight until `stop` (or `until`), as `tenant`.
+/// Returns bytes written per second.
+pub async fn stream(
+    rt: &Runtime,
+    ep: &Endpoint,
+    remote: &RemoteBuf,
+    m: &Mixed,
+    tenant: u32,
+    stop: &Cell<bool>,
+    until: Option<Instant>,
+) -> Result<f64, BoxErr> {
+    let mut free = Vec::new();
+    for _ in 0..m.bulk_window {
+        free.push(rt.alloc(m.bulk_size)?);
+    }
+    let mut inflight = FuturesUnordered::new();
+    let start = Instant::now();
+    let mut bytes = 0usize;
+    let done = || stop.get() || until.is_some_and(|t| Instant::now() >= t);
+    loop {
+        while !done() && !free.is_empty() {
+            let b = free.pop().expect("non-empty");
+            inflight.push(ep.write_remote(b, remote).tenant(tenant));
+        }
+        let Some((r, b)) = inflight.next().await else { break };
+        r?;
+        bytes += b.len();
+        free.push(b);
+    }
+    Ok(bytes as f64 / start.elapsed().as_secs_f64())
+}
+
+pub fn run(m: &Mixed) -> Result<(), BoxErr> {
+    let a = &m.common;
+    if a.server {
+        return serve(m, 1);
+    }
+    let (child, addr) = match &a.connect {
+        Some(addr) => (None, addr.clone()),
+        None => {
+            let (c, addr) = ServerChild::spawn_with("mixed", a, &server_args(m))?;
+            (Some(c), addr)
+        }
+    };
+    let tokio = control_plane()?;
+    let rt = build_rt_with(a, sched_config(m), m.lanes.unwrap_or(1))?;
+    let ep = tokio.block_on(rt.connect(addr.clone()))?;
+    let cpu = CpuMeter::start();
+    let (alone, bulk_alone, mixed, bulk_mixed) = rt.block_on(async {
+        let (n, d) = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN)?).await;
+        let remote = RemoteBuf::from_bytes(&d[..n?])?;
+        pingpong(&rt, &ep, a.warmup).await?;
+        let alone = pingpong(&rt, &ep, a.iters).await?;
+        let never = Cell::new(false);
+        let until = Instant::now() + std::time::Duration::from_secs_f64(m.secs);
+        let bulk_alone = stream(&rt, &ep, &remote, m, 0, &never, Some(until)).await?;
+        let stop = Cell::new(false);
+        let pings = async {
+            // A few unmeasured pings while the stream fills the pipe.
+            pingpong(&rt, &ep, 20).await?;
+            let h = pingpong(&rt, &ep, a.iters).await;
+            stop.set(true);
+            h
+        };
+        let (h, bw) = futures::join!(pings, stream(&rt, &ep, &remote, m, 0, &stop, None));
+        let mut s = rt.alloc(1)?;
+        s[0] = 0;
+        ep.send(s).await.0?;
+        Ok::<_, BoxErr>((alone, bulk_alone, h?, bw?))
+    })?;
+    let cpu_pct = cpu.pct();
+    drop(ep);
+    let server_cpu = match child {
+        Some(c) => c.finish()?,
+        None => f64::NAN,
+    };
+    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let gbps = |bps: f64| bps * 8.0 / 1e9;
+    print(
+        a.json,
+        &format!(
+            "mixed: {PING} B ping-pong and {} x {} B writes in flight on one connection over {}, scheduler {:?}",
+            m.bulk_window,
+            m.bulk_size,
+            rt.provider(),
+            m.scheduler
+        ),
+        &[
+            ("bench", Val::S("mixed".into())),
+            ("provider", Val::S(rt.provider().into())),
+            ("scheduler", Val::S(format!("{:?}", m.scheduler).to_lowercase())),
+            ("chunk_size", Val::I(sched_config(m).chunk_size as u64)),
+            ("small_alone_p50_us", Val::F(us(&alone, 0.5))),
+            ("small_alone_p99_us", Val::F(us(&alone, 0.99))),
+            ("small_alone_p999_us", Val::F(us(&alone, 0.999))),
+            ("small_mixed_p50_us", Val::F(us(&mixed, 0.5))),
+            ("small_mixed_p99_us", Val::F(us(&mixed, 0.99))),
+            ("small_mixed_p999_us", Val::F(us(&mixed, 0.999))),
+            ("bulk_alone_gbps", Val::F(gbps(bulk_alone))),
+            ("bulk_mixed_gbps", Val::F(gbps(bulk_mixed))),
+            ("cpu_pct", Val::F(cpu_pct)),
+            ("server_cpu_pct", Val::F(server_cpu)),
+        ],
+    );
+    Ok(())
+}
