@@ -17,11 +17,11 @@ use crate::report::{print, Val};
 pub const PING: usize = 16;
 
 pub fn sched_config(m: &Mixed) -> SchedConfig {
-    let mut c = SchedConfig::default();
-    c.mode = match m.scheduler {
+    let mode = match m.scheduler {
         Sched::Fair => Mode::Fair,
         Sched::Fifo => Mode::Fifo,
     };
+    let mut c = SchedConfig { mode, ..SchedConfig::default() };
     if let Some(v) = m.chunk_size {
         c.chunk_size = v;
     }
