@@ -41,6 +41,14 @@ pub struct SchedConfig {
     pub nic_wrs: usize,
     /// Smallest share of posted bytes bulk keeps while latency traffic is queued (0..1).
     pub min_bulk_share: f64,
+    /// While no latency work has been seen for this many bulk chunks, bulk runs unthrottled:
+    /// chunks of `idle_chunk_size` and budgets times `idle_budget_factor` (PeRF splits only
+    /// when a latency tenant is active). 0 keeps bulk throttled always.
+    pub idle_after_chunks: u32,
+    /// Chunk size while no latency work is active.
+    pub idle_chunk_size: usize,
+    /// Budget multiplier while no latency work is active.
+    pub idle_budget_factor: usize,
     /// Bulk chunks handed out per `next` call. Posting can cost a copy of the chunk (tcp, shm);
     /// the reactor reaps between rounds, so latency work gets in between bulk chunks.
     pub bulk_per_round: usize,
@@ -59,6 +67,9 @@ impl Default for SchedConfig {
             nic_wrs: 1024,
             min_bulk_share: 0.1,
             bulk_per_round: 1,
+            idle_after_chunks: 256,
+            idle_chunk_size: 1 << 20,
+            idle_budget_factor: 16,
         }
     }
 }

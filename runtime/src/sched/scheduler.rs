@@ -117,6 +117,8 @@ pub struct Scheduler {
     /// Bytes posted per class, decayed, for the minimum bulk share.
     posted_latency: u64,
     posted_bulk: u64,
+    /// Bulk chunks left before latency work counts as inactive again.
+    latency_recent: u32,
 }
 
 impl Scheduler {
@@ -133,6 +135,7 @@ impl Scheduler {
             nic: Load::default(),
             posted_latency: 0,
             posted_bulk: 0,
+            latency_recent: 0,
         }
     }
 
@@ -185,6 +188,9 @@ impl Scheduler {
             rr: 0,
             queued: true,
         }));
+        if class == Class::Latency {
+            self.latency_recent = self.cfg.idle_after_chunks;
+        }
         self.enqueue(id, false);
         id
     }
@@ -327,7 +333,8 @@ impl Scheduler {
     }
 
     fn next_bulk(&mut self, out: &mut Vec<Chunk>) -> bool {
-        if self.nic.wrs >= self.cfg.nic_wrs || self.nic.bulk >= self.cfg.nic_bytes {
+        let f = self.budget_factor();
+        if self.nic.wrs >= self.cfg.nic_wrs || self.nic.bulk >= self.cfg.nic_bytes * f {
             return false;
         }
         // Deficit round robin in its byte-exact form: serve the eligible tenant that has had the
@@ -338,7 +345,7 @@ impl Scheduler {
         for i in 0..self.ring.len() {
             let t = self.ring[i];
             let tn = &self.tenants[&t];
-            if tn.inflight >= self.cfg.tenant_bytes * tn.weight as usize {
+            if tn.inflight >= self.cfg.tenant_bytes * tn.weight as usize * f {
                 continue;
             }
             if best.is_some_and(|(v, ..)| v <= tn.vtime) {
@@ -353,11 +360,27 @@ impl Scheduler {
         let Some((_, t, id, lane)) = best else {
             return false;
         };
-        let chunk = self.issue(id, lane, self.cfg.chunk_size);
+        let size = if self.latency_active() { self.cfg.chunk_size } else { self.cfg.idle_chunk_size };
+        self.latency_recent = self.latency_recent.saturating_sub(1);
+        let chunk = self.issue(id, lane, size);
         let tn = self.tenants.get_mut(&t).expect("known");
         tn.vtime += (chunk.len.max(1) as u128) * VSCALE / tn.weight as u128;
         out.push(chunk);
         true
+    }
+
+    /// Latency work is queued, in flight, or was seen within the last `idle_after_chunks` bulk
+    /// chunks.
+    fn latency_active(&self) -> bool {
+        self.cfg.idle_after_chunks == 0 || self.latency_recent > 0 || !self.latency.is_empty()
+    }
+
+    fn budget_factor(&self) -> usize {
+        if self.latency_active() {
+            1
+        } else {
+            self.cfg.idle_budget_factor.max(1)
+        }
     }
 
     /// The op's next lane in rotation that has room.
@@ -367,7 +390,7 @@ impl Scheduler {
         for k in 0..n {
             let lane = o.lanes[(o.rr + k) % n];
             let l = self.lane_load(lane);
-            if l.bulk < self.cfg.lane_bytes && l.wrs < self.cfg.lane_wrs {
+            if l.bulk < self.cfg.lane_bytes * self.budget_factor() && l.wrs < self.cfg.lane_wrs {
                 return Some(lane);
             }
         }

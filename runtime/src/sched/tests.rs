@@ -13,6 +13,7 @@ fn cfg() -> SchedConfig {
         tenant_bytes: 4000,
         nic_bytes: 16_000,
         bulk_per_round: usize::MAX,
+        idle_after_chunks: 0,
         ..Default::default()
     }
 }
@@ -293,4 +294,23 @@ fn bulk_per_round_bounds_the_chunks_of_one_call_but_not_latency() {
     let mut out = Vec::new();
     s.next(&mut out, 64);
     assert_eq!(out.len(), 4, "three latency ops and one bulk chunk: {out:?}");
+}
+
+#[test]
+fn bulk_runs_unthrottled_until_latency_work_shows_up() {
+    let c = SchedConfig { idle_after_chunks: 4, idle_chunk_size: 10_000, idle_budget_factor: 4, ..cfg() };
+    let mut sim = Sim::new(c);
+    sim.s.push(bulk(0, 1_000_000, vec![0]));
+    sim.fill();
+    assert!(sim.posted.iter().all(|c| c.len == 10_000), "idle bulk is not split finely: {:?}", sim.posted);
+    while let Some(c) = sim.inflight.pop_front() {
+        sim.s.complete(c, true);
+    }
+    sim.s.push(OpSpec { tenant: 1, class: Class::Latency, len: 8, lanes: vec![0].into(), splittable: false });
+    let before = sim.posted.len();
+    sim.fill();
+    let after: Vec<_> = sim.posted[before..].iter().filter(|c| c.len != 8).map(|c| c.len).collect();
+    // Split while latency work was seen within the last 4 bulk chunks; unthrottled after.
+    assert_eq!(after[..4], [1000; 4], "bulk not split once latency shows: {after:?}");
+    assert!(after[4..].iter().all(|&l| l == 10_000), "{after:?}");
 }
