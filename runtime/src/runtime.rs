@@ -51,7 +51,7 @@ impl Default for Builder {
             config: TransportConfig::default(),
             core: None,
             driver: Driver::Thread,
-            idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(2) },
+            idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(5) },
             connect_timeout: Duration::from_secs(5),
             lanes: 1,
             sched: SchedConfig::default(),

@@ -24,9 +24,12 @@ impl EventFd {
         let mut pfds = Vec::with_capacity(1 + fds.len());
         pfds.push(libc::pollfd { fd: self.0, events: libc::POLLIN, revents: 0 });
         pfds.extend(fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: pfds holds pfds.len() initialised entries.
-        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: pfds holds pfds.len() initialised entries; ts is a valid timespec; no mask.
+        unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, &ts, std::ptr::null()) };
         if pfds[0].revents & libc::POLLIN != 0 {
             let mut v = 0u64;
             // SAFETY: reading 8 bytes from our nonblocking eventfd into a u64.

@@ -29,6 +29,9 @@ pub(crate) struct IdlePolicy {
     pub max_sleep: Duration,
 }
 
+/// The first nap after the idle spin.
+const NAP_MIN: Duration = Duration::from_micros(50);
+
 pub(crate) fn spawn(
     mut reactor: Reactor,
     core: Option<usize>,
@@ -44,9 +47,14 @@ pub(crate) fn spawn(
             }
         }
         let mut last_work = Instant::now();
+        // Naps grow from short to `max_sleep` while nothing happens: a provider without a wait
+        // object (shm) cannot wake us for an incoming message, so right after traffic we nap
+        // briefly, and only a long-idle reactor sleeps long.
+        let mut nap = NAP_MIN;
         loop {
             if reactor.turn() || reactor.busy() {
                 last_work = Instant::now();
+                nap = NAP_MIN;
                 continue;
             }
             if idle.shutdown.load(Ordering::Acquire) || reactor.orphaned() {
@@ -60,12 +68,14 @@ pub(crate) fn spawn(
             // notifies, or its command is already in the queue for this turn.
             idle.sleeping.store(true, Ordering::SeqCst);
             if !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
-                reactor.transport_mut().wait(policy.max_sleep);
+                reactor.transport_mut().wait(nap.min(policy.max_sleep));
+                nap = (nap * 2).min(policy.max_sleep);
             }
             idle.sleeping.store(false, Ordering::SeqCst);
             // Check again right away, but start the spin window only when something happened.
             if reactor.turn() {
                 last_work = Instant::now();
+                nap = NAP_MIN;
             }
         }
         reactor.shutdown(Duration::from_secs(2));
