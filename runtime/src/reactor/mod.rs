@@ -36,7 +36,9 @@ struct InFlight {
     cell: Arc<dyn Complete>,
     peer: usize,
     op: OpKind,
-    /// The scheduler's chunk; `None` for receives, which bypass it.
+    /// Bytes the request moves (completions report a length only for receives).
+    len: usize,
+    /// The scheduler's chunk; `None` for ops that bypass it.
     chunk: Option<Chunk>,
 }
 
@@ -76,8 +78,10 @@ pub(crate) struct Reactor {
     sched: Scheduler,
     /// Ops in the scheduler, indexed by their `OpId`.
     held: Vec<Option<Held>>,
-    /// Receives wait here only when the provider's queue is full.
-    receives: VecDeque<OpReq>,
+    /// Ops that bypass the scheduler: receives, and latency ops while the scheduler holds
+    /// nothing (no bulk to get ahead of, so no queueing to do). They wait here only when the
+    /// provider's queue is full.
+    direct: VecDeque<OpReq>,
     inflight: Slab<InFlight>,
     peers: Slab<Peer>,
     comps: Vec<Completion>,
@@ -125,7 +129,7 @@ impl Reactor {
             rx,
             sched: Scheduler::new(sched),
             held: Vec::new(),
-            receives: VecDeque::new(),
+            direct: VecDeque::new(),
             inflight: Slab::with_capacity(1024),
             peers: Slab::new(),
             comps: Vec::with_capacity(POLL_BATCH),
@@ -158,7 +162,7 @@ impl Reactor {
 
     /// Ops are posted or queued that will complete without the peer's help.
     pub(crate) fn busy(&self) -> bool {
-        self.active > 0 || !self.sched.is_empty() || !self.receives.is_empty()
+        self.active > 0 || !self.sched.is_empty() || !self.direct.is_empty()
     }
 
     /// All senders are gone: the runtime handle was dropped.
@@ -203,12 +207,17 @@ impl Reactor {
             return;
         }
         if matches!(req.kind, WrKind::Recv) {
-            self.receives.push_back(req);
+            self.direct.push_back(req);
+            return;
+        }
+        let class = req.class.unwrap_or_else(|| self.sched.config().default_class(req.seg.len));
+        if class == Class::Latency && self.sched.is_empty() && req.seg.len <= self.sched.config().chunk_size {
+            self.sched.note_latency();
+            self.direct.push_back(req);
             return;
         }
         let one_sided = matches!(req.kind, WrKind::Write { .. } | WrKind::Read { .. });
         let p = &self.peers[req.peer];
-        let class = req.class.unwrap_or_else(|| self.sched.config().default_class(req.seg.len));
         // Messages stay on the first lane, where the peer posts its receives. With several
         // lanes, the first is the express lane: bulk rotates over the others, so a latency op
         // (which takes the least-loaded lane) finds one with no bulk queued on it.
@@ -320,7 +329,7 @@ impl Reactor {
     /// their posted chunks are back.
     fn fail_peer(&mut self, slot: usize, (peer, reason): (String, String)) {
         let counters = &self.counters;
-        self.receives.retain(|req| {
+        self.direct.retain(|req| {
             if req.peer != slot {
                 return true;
             }
@@ -363,7 +372,7 @@ impl Reactor {
     }
 
     fn post(&mut self) -> bool {
-        let mut work = self.post_receives();
+        let mut work = self.post_direct();
         self.chunks.clear();
         self.sched.next(&mut self.chunks, POST_BATCH);
         let mut chunks = std::mem::take(&mut self.chunks);
@@ -414,7 +423,7 @@ impl Reactor {
                 Ok(Posted::Queued) => {
                     Counters::add(&self.counters.posted);
                     let (cell, peer, op) = (h.req.cell.clone(), h.req.peer, h.req.op);
-                    entry.insert(InFlight { id, cell, peer, op, chunk: Some(c) });
+                    entry.insert(InFlight { id, cell, peer, op, len: c.len, chunk: Some(c) });
                     self.peers[peer].inflight += 1;
                     self.active += 1;
                 }
@@ -443,11 +452,11 @@ impl Reactor {
         work
     }
 
-    fn post_receives(&mut self) -> bool {
+    fn post_direct(&mut self) -> bool {
         let mut work = false;
-        while let Some(req) = self.receives.front() {
+        while let Some(req) = self.direct.front() {
             if Arc::strong_count(&req.cell) == 1 {
-                self.receives.pop_front();
+                self.direct.pop_front();
                 Counters::add(&self.counters.withdrawn);
                 work = true;
                 continue;
@@ -455,7 +464,7 @@ impl Reactor {
             let p = &self.peers[req.peer];
             if let Some(reason) = &p.lost {
                 let err = Error::PeerLost { op: req.op, peer: p.label.clone(), reason: reason.clone() };
-                let req = self.receives.pop_front().expect("front exists");
+                let req = self.direct.pop_front().expect("front exists");
                 resolve(&self.counters, &req.cell, Err(err));
                 work = true;
                 continue;
@@ -473,16 +482,26 @@ impl Reactor {
                 more: false,
             };
             match lease::post(self.t.as_mut(), &wr) {
-                Ok(_) => {
-                    let req = self.receives.pop_front().expect("front exists");
+                Ok(Posted::Completed) => {
+                    let req = self.direct.pop_front().expect("front exists");
                     Counters::add(&self.counters.posted);
-                    entry.insert(InFlight { id, cell: req.cell, peer: req.peer, op: req.op, chunk: None });
-                    self.peers[req.peer].inflight += 1;
+                    resolve(&self.counters, &req.cell, Ok(Done { len: req.seg.len, imm: None }));
+                    work = true;
+                }
+                Ok(Posted::Queued) => {
+                    let req = self.direct.pop_front().expect("front exists");
+                    Counters::add(&self.counters.posted);
+                    if req.op != OpKind::Recv {
+                        self.active += 1;
+                    }
+                    let (cell, peer, op, len) = (req.cell, req.peer, req.op, req.seg.len);
+                    entry.insert(InFlight { id, cell, peer, op, len, chunk: None });
+                    self.peers[peer].inflight += 1;
                     work = true;
                 }
                 Err(PostError::Again) => break,
                 Err(PostError::Failed(e)) => {
-                    let req = self.receives.pop_front().expect("front exists");
+                    let req = self.direct.pop_front().expect("front exists");
                     let label = &self.peers[req.peer].label;
                     resolve(&self.counters, &req.cell, Err(Error::from_transport(req.op, label, e)));
                     work = true;
@@ -538,6 +557,10 @@ impl Reactor {
                 }
             }
             None => {
+                if f.op != OpKind::Recv {
+                    self.active -= 1;
+                }
+                let len = if f.op == OpKind::Recv { len } else { f.len };
                 let res = match err {
                     None => Ok(Done { len, imm }),
                     Some(e) => Err(e),
@@ -556,7 +579,7 @@ impl Reactor {
                 other => self.handle(other),
             }
         }
-        for req in std::mem::take(&mut self.receives) {
+        for req in std::mem::take(&mut self.direct) {
             resolve(&self.counters, &req.cell, Err(Error::Shutdown { op: req.op }));
         }
         let ids: Vec<OpId> = self.sched.ops().collect();

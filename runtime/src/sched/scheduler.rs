@@ -369,6 +369,12 @@ impl Scheduler {
         true
     }
 
+    /// Latency work went past the scheduler (the caller posted it directly because nothing was
+    /// queued): it still makes bulk split finely for a while.
+    pub fn note_latency(&mut self) {
+        self.latency_recent = self.cfg.idle_after_chunks;
+    }
+
     /// Latency work is queued, in flight, or was seen within the last `idle_after_chunks` bulk
     /// chunks.
     fn latency_active(&self) -> bool {
