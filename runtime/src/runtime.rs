@@ -298,6 +298,25 @@ impl Runtime {
         let _ = self.send(Cmd::SetWeight { tenant, weight });
     }
 
+    /// Stop the reactor now, with handles (buffers, endpoints, ops) still alive: queued ops fail
+    /// with `Error::Shutdown`, posted ones get up to two seconds to complete (their buffers are
+    /// leaked, never freed under DMA, if they do not), and every later op fails with
+    /// `Error::Shutdown`. Dropping the last handle does the same.
+    pub fn shutdown(&self) {
+        self.inner.idle.shutdown.store(true, Ordering::SeqCst);
+        self.inner.notifier.notify();
+        if let Some(r) = &self.inner.inline {
+            let mut r = r.lock().unwrap_or_else(|p| p.into_inner());
+            r.shutdown(Duration::from_secs(2));
+        }
+        let h = self.inner.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = h {
+            if Some(std::thread::current().id()) != self.inner.thread_id {
+                let _ = h.join();
+            }
+        }
+    }
+
     /// A snapshot of the op counters.
     pub fn stats(&self) -> Stats {
         self.inner.counters.snapshot()
@@ -333,6 +352,9 @@ impl Runtime {
     }
 
     fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
+        if self.inner.idle.shutdown.load(Ordering::Acquire) {
+            return Err(cmd);
+        }
         self.inner.tx.send(cmd).map_err(|e| e.0)?;
         self.inner.idle.commands.fetch_add(1, Ordering::SeqCst);
         if self.inner.idle.sleeping.load(Ordering::SeqCst) {
@@ -344,6 +366,11 @@ impl Runtime {
     /// Hand an op to the reactor; on shutdown the op fails at once.
     pub(crate) fn submit(&self, req: OpReq) {
         Counters::add(&self.inner.counters.submitted);
+        if self.inner.idle.shutdown.load(Ordering::Acquire) {
+            Counters::add(&self.inner.counters.failed);
+            req.cell.complete(Err(Error::Shutdown { op: req.op }));
+            return;
+        }
         // Inside the inline driver's block_on, with nobody turning right now: post at once,
         // skipping the queue hop. Outside block_on, ops wait for the driver like any other.
         if let (Some(reactor), true) = (&self.inner.inline, DRIVING.get()) {

@@ -595,16 +595,28 @@ impl Reactor {
         while self.active > 0 && Instant::now() < deadline {
             self.reap();
         }
-        let left = self.inflight.len();
-        if left > 0 {
-            tracing::debug!(
-                left,
-                "requests still posted at shutdown: their buffers are leaked, never freed under DMA"
-            );
-            for f in self.inflight.drain() {
-                resolve(&self.counters, &f.cell, Err(Error::Shutdown { op: f.op }));
-                std::mem::forget(f.cell);
+        // Close every lane: after that no request touches memory, so what is still posted
+        // (receives, ops the deadline cut short) can give its buffer back.
+        let slots: Vec<usize> = self.peers.iter().map(|(k, _)| k).collect();
+        for slot in slots {
+            for (lane, _) in std::mem::take(&mut self.peers[slot].lanes) {
+                self.t.close_lane(lane);
             }
         }
+        for (_, f) in std::mem::take(&mut self.inflight) {
+            let err = Error::Shutdown { op: f.op };
+            match f.chunk {
+                Some(c) => {
+                    if let Some(h) = self.held[c.op.0].as_mut() {
+                        h.error.get_or_insert(err);
+                    }
+                    if let Some(done) = self.sched.complete(c, false) {
+                        self.finish_op(done);
+                    }
+                }
+                None => resolve(&self.counters, &f.cell, Err(err)),
+            }
+        }
+        self.active = 0;
     }
 }

@@ -52,6 +52,9 @@ pub(crate) fn spawn(
         // briefly, and only a long-idle reactor sleeps long.
         let mut nap = NAP_MIN;
         loop {
+            if idle.shutdown.load(Ordering::Acquire) {
+                break;
+            }
             if reactor.turn() || reactor.busy() {
                 last_work = Instant::now();
                 nap = NAP_MIN;
