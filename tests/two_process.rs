@@ -136,3 +136,31 @@ fn a_restarted_peer_can_be_reached_again() {
         });
     }
 }
+
+#[test]
+fn a_frozen_peer_is_lost_after_the_peer_timeout() {
+    for p in PROVIDERS {
+        let peer = PeerProcess::spawn(PEER, p);
+        bounded(30, async {
+            let rt = rdmalane::Runtime::builder()
+                .backend(rdmalane_efa::Libfabric)
+                .provider(p)
+                .peer_timeout(Duration::from_millis(900))
+                .build()
+                .unwrap();
+            let ep = rt.connect(peer.addr.clone()).await.unwrap();
+            let _remote = descriptor(&rt, &ep).await;
+            let recv = ep.recv(rt.alloc(64).unwrap()).start();
+            // Freeze the peer: its kernel still holds the connection open, but it sends nothing.
+            let pid = peer.child.id().to_string();
+            assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+            let t0 = Instant::now();
+            let (r, _) = recv.await;
+            let waited = t0.elapsed();
+            let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
+            assert!(r.as_ref().is_err_and(|e| e.is_peer_lost()), "{p}: {r:?}");
+            assert!(waited < Duration::from_secs(3), "{p}: noticed after {waited:?}");
+            eprintln!("{p}: frozen peer lost after {waited:?}");
+        });
+    }
+}

@@ -15,6 +15,7 @@ const MAGIC: &[u8; 4] = b"RDLN";
 const VERSION: u16 = 1;
 const MAX_FIELD: usize = 1024;
 const READY: u8 = 0x52;
+const HEARTBEAT: u8 = 0x48;
 
 struct Hello {
     id: u64,
@@ -265,17 +266,37 @@ async fn meet(
 
 /// The control socket stays open for the endpoint's life; EOF or an error means the peer is
 /// gone.
-fn watch_peer(rt: Runtime, slot: usize, mut s: TcpStream) -> tokio::task::JoinHandle<()> {
+fn watch_peer(rt: Runtime, slot: usize, s: TcpStream) -> tokio::task::JoinHandle<()> {
     let weak = rt.downgrade();
+    let timeout = rt.peer_timeout();
     drop(rt);
+    let (mut rd, mut wr) = s.into_split();
     tokio::spawn(async move {
-        let mut b = [0u8; 64];
-        let reason = loop {
-            match s.read(&mut b).await {
-                Ok(0) => break "control connection closed".to_string(),
-                Ok(_) => continue,
-                Err(e) => break format!("control connection: {e}"),
+        // Both sides send a heartbeat a few times per timeout, so a peer whose host or network
+        // went away (no FIN, no RST) is noticed too.
+        let beat = timeout / 3;
+        let writer = async {
+            loop {
+                tokio::time::sleep(beat).await;
+                if let Err(e) = wr.write_all(&[HEARTBEAT]).await {
+                    return format!("control connection: {e}");
+                }
             }
+        };
+        let reader = async {
+            let mut b = [0u8; 64];
+            loop {
+                match tokio::time::timeout(timeout, rd.read(&mut b)).await {
+                    Err(_) => return format!("no heartbeat for {} ms", timeout.as_millis()),
+                    Ok(Ok(0)) => return "control connection closed".to_string(),
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => return format!("control connection: {e}"),
+                }
+            }
+        };
+        let reason = tokio::select! {
+            r = writer => r,
+            r = reader => r,
         };
         if let Some(rt) = weak.upgrade() {
             rt.peer_lost(slot, reason);

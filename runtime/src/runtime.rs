@@ -40,6 +40,7 @@ pub struct Builder {
     driver: Driver,
     idle: IdlePolicy,
     connect_timeout: Duration,
+    peer_timeout: Duration,
     lanes: usize,
     sched: SchedConfig,
 }
@@ -53,6 +54,7 @@ impl Default for Builder {
             driver: Driver::Thread,
             idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(5) },
             connect_timeout: Duration::from_secs(5),
+            peer_timeout: Duration::from_secs(3),
             lanes: 1,
             sched: SchedConfig::default(),
         }
@@ -100,6 +102,13 @@ impl Builder {
     /// Limit for establishing a connection (TCP connect plus handshake).
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t;
+        self
+    }
+
+    /// A peer whose control connection stays silent this long (no heartbeat) is lost: its
+    /// pending ops fail with `Error::PeerLost`. Heartbeats go out three times per period.
+    pub fn peer_timeout(mut self, t: Duration) -> Self {
+        self.peer_timeout = t.max(Duration::from_millis(30));
         self
     }
 
@@ -183,6 +192,7 @@ impl Builder {
                 imm,
                 counters,
                 connect_timeout: self.connect_timeout,
+                peer_timeout: self.peer_timeout,
             }),
         })
     }
@@ -201,6 +211,7 @@ struct Inner {
     imm: Arc<ImmQueue>,
     counters: Arc<Counters>,
     connect_timeout: Duration,
+    peer_timeout: Duration,
 }
 
 impl Drop for Inner {
@@ -266,6 +277,10 @@ impl Runtime {
     /// A handle that does not keep the runtime alive.
     pub fn downgrade(&self) -> WeakRuntime {
         WeakRuntime(Arc::downgrade(&self.inner))
+    }
+
+    pub(crate) fn peer_timeout(&self) -> Duration {
+        self.inner.peer_timeout
     }
 
     pub(crate) fn connect_timeout(&self) -> Duration {
