@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing rdmalane needs on Debian 12 (as root): libfabric headers and
-# tools (fi_info, fi_pingpong), libclang for bindgen, pkg-config; and a Rust toolchain if none.
+# tools (fi_info, fi_pingpong), libclang for bindgen, pkg-config, valgrind; and a Rust toolchain
+# if none.
 set -euo pipefail
-pkgs=(libfabric-dev libfabric-bin clang libclang-dev pkg-config ca-certificates curl)
+pkgs=(libfabric-dev libfabric-bin clang libclang-dev pkg-config ca-certificates curl valgrind)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
