@@ -193,3 +193,97 @@ fn a_drop_storm_then_a_shutdown_with_ops_queued_resolves_every_op() {
         });
     }
 }
+
+fn with_secret(p: &str, secret: Option<&str>) -> rdmalane::Runtime {
+    let mut b = rdmalane::Runtime::builder().backend(rdmalane_efa::Libfabric).provider(p);
+    if let Some(s) = secret {
+        b = b.secret(s);
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn a_shared_secret_admits_only_peers_that_know_it() {
+    use rdmalane::{Error, OpKind};
+    bounded(60, async {
+        let server = with_secret("tcp", Some("open sesame"));
+        let l = server.listen("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        for (secret, why) in [(Some("wrong"), "does not know"), (None, "requires a shared secret")] {
+            let client = with_secret("tcp", secret);
+            let (c, s) = tokio::join!(client.connect(addr), l.accept());
+            assert!(
+                matches!(&s, Err(Error::Handshake { op: OpKind::Accept, reason, .. }) if reason.contains(why)),
+                "{s:?}"
+            );
+            assert!(matches!(c, Err(Error::Handshake { .. })), "{c:?}");
+        }
+        // A peer with the secret gets in, and the link works.
+        let client = with_secret("tcp", Some("open sesame"));
+        let (c, s) = tokio::join!(client.connect(addr), l.accept());
+        let (c, s) = (c.unwrap(), s.unwrap());
+        let recv = s.recv(server.alloc(8).unwrap()).start();
+        c.send(client.alloc(8).unwrap()).await.0.unwrap();
+        assert_eq!(recv.await.0.unwrap(), 8);
+        // A runtime with a secret refuses one without, in the other direction too.
+        let open = with_secret("tcp", None);
+        let l2 = open.listen("127.0.0.1:0").await.unwrap();
+        let (c, s) = tokio::join!(client.connect(l2.local_addr().unwrap()), l2.accept());
+        assert!(c.is_err() && s.is_err());
+    });
+}
+
+#[test]
+fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
+    use tokio::io::AsyncWriteExt;
+    bounded(120, async {
+        let server = rdmalane::Runtime::builder()
+            .backend(rdmalane_efa::Libfabric)
+            .provider("tcp")
+            .connect_timeout(std::time::Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let l = server.listen("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // A valid hello, truncated or corrupted at random points, and plain noise.
+        let client = runtime("tcp");
+        let mut valid = Vec::new();
+        valid.extend_from_slice(b"RDLN");
+        valid.extend_from_slice(&2u16.to_le_bytes());
+        valid.extend_from_slice(&client.id().to_le_bytes());
+        valid.extend_from_slice(&[7u8; 32]);
+        valid.push(0);
+        valid.extend_from_slice(&(client.provider().len() as u16).to_le_bytes());
+        valid.extend_from_slice(client.provider().as_bytes());
+        valid.push(1);
+        valid.extend_from_slice(&u16::MAX.to_le_bytes()); // a name claiming 64 KiB
+        for case in 0..150u32 {
+            let mut bytes: Vec<u8> = if case % 2 == 0 {
+                let cut = (next() as usize) % (valid.len() + 1);
+                valid[..cut].to_vec()
+            } else {
+                (0..(next() % 300)).map(|_| next() as u8).collect()
+            };
+            if case % 3 == 0 && !bytes.is_empty() {
+                let i = (next() as usize) % bytes.len();
+                bytes[i] ^= 1 << (next() % 8);
+            }
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let _ = s.write_all(&bytes).await;
+            let r = l.accept().await;
+            assert!(r.is_err(), "case {case}: {} bytes accepted", bytes.len());
+            drop(s);
+        }
+        // Still serving.
+        let (c, s) = tokio::join!(client.connect(addr), l.accept());
+        c.unwrap();
+        s.unwrap();
+    });
+}

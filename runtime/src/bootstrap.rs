@@ -12,13 +12,17 @@ use crate::error::{Error, OpKind, Result};
 use crate::runtime::Runtime;
 
 const MAGIC: &[u8; 4] = b"RDLN";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 const MAX_FIELD: usize = 1024;
 const READY: u8 = 0x52;
 const HEARTBEAT: u8 = 0x48;
 
 struct Hello {
     id: u64,
+    /// Fresh random bytes the peer's proof of the shared secret must cover.
+    nonce: [u8; 32],
+    /// This side requires the shared secret.
+    auth: bool,
     provider: String,
     /// One fabric address per lane.
     names: Vec<Vec<u8>>,
@@ -121,6 +125,8 @@ fn encode(h: &Hello) -> Vec<u8> {
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&h.id.to_le_bytes());
+    out.extend_from_slice(&h.nonce);
+    out.push(u8::from(h.auth));
     out.extend_from_slice(&(h.provider.len() as u16).to_le_bytes());
     out.extend_from_slice(h.provider.as_bytes());
     out.push(h.names.len() as u8);
@@ -129,6 +135,28 @@ fn encode(h: &Hello) -> Vec<u8> {
         out.extend_from_slice(name);
     }
     out
+}
+
+fn hello(rt: &Runtime, names: Vec<Vec<u8>>) -> Hello {
+    Hello {
+        id: rt.id(),
+        nonce: rand::random(),
+        auth: rt.secret().is_some(),
+        provider: rt.provider().to_string(),
+        names,
+    }
+}
+
+/// HMAC-SHA256 over the peer's nonce, our nonce and our id: it answers the peer's challenge,
+/// cannot be replayed to another connection, and is bound to its direction.
+fn prove(secret: &[u8], their_nonce: &[u8; 32], my_nonce: &[u8; 32], my_id: u64) -> [u8; 32] {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(b"rdmalane-auth-v1");
+    mac.update(their_nonce);
+    mac.update(my_nonce);
+    mac.update(&my_id.to_le_bytes());
+    mac.finalize().into_bytes().into()
 }
 
 /// Read one hello, refusing anything malformed before allocating more than `MAX_FIELD`.
@@ -143,6 +171,14 @@ async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
         return Err(format!("protocol version {version}, this build speaks {VERSION}"));
     }
     let id = u64::from_le_bytes(head[6..14].try_into().expect("8 bytes"));
+    let mut nonce = [0u8; 32];
+    s.read_exact(&mut nonce).await.map_err(|e| format!("reading hello: {e}"))?;
+    let mut flags = [0u8; 1];
+    s.read_exact(&mut flags).await.map_err(|e| format!("reading hello: {e}"))?;
+    if flags[0] > 1 {
+        return Err(format!("unknown hello flags {:#x}", flags[0]));
+    }
+    let auth = flags[0] == 1;
     let provider = read_field(s, 64).await?;
     let provider = String::from_utf8(provider).map_err(|_| "provider name is not UTF-8".to_string())?;
     let mut count = [0u8; 1];
@@ -155,7 +191,7 @@ async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
     for _ in 0..count {
         names.push(read_field(s, MAX_FIELD).await?);
     }
-    Ok(Hello { id, provider, names })
+    Ok(Hello { id, nonce, auth, provider, names })
 }
 
 async fn read_field(s: &mut TcpStream, max: usize) -> std::result::Result<Vec<u8>, String> {
@@ -182,17 +218,18 @@ async fn handshake(
     let peer = addr.to_string();
     let fail = |reason: String| Error::Handshake { op, peer: peer.clone(), reason };
     let _ = s.set_nodelay(true);
-    let (opened, them) = if op == OpKind::Connect {
+    let (opened, them, mine) = if op == OpKind::Connect {
         let opened = rt.open_lanes(&peer, lanes)?;
         let names = opened.iter().map(|(_, n)| n.clone()).collect();
-        let me = Hello { id: rt.id(), provider: rt.provider().to_string(), names };
+        let me = hello(rt, names);
+        let mine = me.nonce;
         let res = async {
             s.write_all(&encode(&me)).await.map_err(|e| fail(format!("sending hello: {e}")))?;
             read_hello(&mut s).await.map_err(&fail)
         }
         .await;
         match res {
-            Ok(them) => (opened, them),
+            Ok(them) => (opened, them, mine),
             Err(e) => {
                 rt.close_lanes(opened.into_iter().map(|(l, _)| l).collect());
                 return Err(e);
@@ -202,15 +239,15 @@ async fn handshake(
         let them = read_hello(&mut s).await.map_err(&fail)?;
         let opened = rt.open_lanes(&peer, them.names.len())?;
         let names = opened.iter().map(|(_, n)| n.clone()).collect();
-        let me = Hello { id: rt.id(), provider: rt.provider().to_string(), names };
+        let me = hello(rt, names);
         if let Err(e) = s.write_all(&encode(&me)).await {
             rt.close_lanes(opened.into_iter().map(|(l, _)| l).collect());
             return Err(fail(format!("sending hello: {e}")));
         }
-        (opened, them)
+        (opened, them, me.nonce)
     };
     let ids: Vec<_> = opened.iter().map(|(l, _)| *l).collect();
-    match meet(rt, s, addr, op, ids.clone(), them).await {
+    match meet(rt, s, addr, op, ids.clone(), them, mine).await {
         Ok(ep) => Ok(ep),
         Err((e, added)) => {
             match added {
@@ -231,6 +268,7 @@ async fn meet(
     op: OpKind,
     lanes: Vec<usize>,
     them: Hello,
+    mine: [u8; 32],
 ) -> std::result::Result<Endpoint, (Error, Option<usize>)> {
     let peer = addr.to_string();
     let fail = |reason: String| Error::Handshake { op, peer: peer.clone(), reason };
@@ -240,6 +278,30 @@ async fn meet(
     }
     if them.id == rt.id() {
         return Err((fail("peer has this runtime's id (connected to itself?)".into()), None));
+    }
+    match (rt.secret(), them.auth) {
+        (None, false) => {}
+        (Some(_), false) => {
+            return Err((fail("this runtime requires a shared secret; the peer has none".into()), None))
+        }
+        (None, true) => {
+            return Err((fail("the peer requires a shared secret; this runtime has none".into()), None))
+        }
+        (Some(secret), true) => {
+            let proof = prove(secret, &them.nonce, &mine, rt.id());
+            let mut theirs = [0u8; 32];
+            let exchange = async {
+                s.write_all(&proof).await?;
+                s.read_exact(&mut theirs).await
+            };
+            if let Err(e) = exchange.await {
+                return Err((fail(format!("exchanging proofs of the shared secret: {e}")), None));
+            }
+            let expected = prove(secret, &mine, &them.nonce, them.id);
+            if !bool::from(subtle::ConstantTimeEq::ct_eq(&theirs[..], &expected[..])) {
+                return Err((fail("the peer does not know the shared secret".into()), None));
+            }
+        }
     }
     if them.names.len() != lanes.len() {
         let why = format!("peer answered with {} lanes for {}", them.names.len(), lanes.len());

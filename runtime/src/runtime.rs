@@ -43,6 +43,7 @@ pub struct Builder {
     peer_timeout: Duration,
     lanes: usize,
     sched: SchedConfig,
+    secret: Option<Vec<u8>>,
 }
 
 impl Default for Builder {
@@ -57,6 +58,7 @@ impl Default for Builder {
             peer_timeout: Duration::from_secs(3),
             lanes: 1,
             sched: SchedConfig::default(),
+            secret: None,
         }
     }
 }
@@ -109,6 +111,14 @@ impl Builder {
     /// pending ops fail with `Error::PeerLost`. Heartbeats go out three times per period.
     pub fn peer_timeout(mut self, t: Duration) -> Self {
         self.peer_timeout = t.max(Duration::from_millis(30));
+        self
+    }
+
+    /// Require peers to prove they know `secret` (HMAC-SHA256 challenge-response in the
+    /// handshake, compared in constant time); peers that do not are refused. Unset here,
+    /// `RDMALANE_SECRET` is used when present.
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.secret = Some(secret.as_ref().to_vec());
         self
     }
 
@@ -193,6 +203,10 @@ impl Builder {
                 counters,
                 connect_timeout: self.connect_timeout,
                 peer_timeout: self.peer_timeout,
+                secret: self
+                    .secret
+                    .or_else(|| std::env::var("RDMALANE_SECRET").ok().map(String::into_bytes))
+                    .filter(|s| !s.is_empty()),
             }),
         })
     }
@@ -212,6 +226,7 @@ struct Inner {
     counters: Arc<Counters>,
     connect_timeout: Duration,
     peer_timeout: Duration,
+    secret: Option<Vec<u8>>,
 }
 
 impl Drop for Inner {
@@ -277,6 +292,10 @@ impl Runtime {
     /// A handle that does not keep the runtime alive.
     pub fn downgrade(&self) -> WeakRuntime {
         WeakRuntime(Arc::downgrade(&self.inner))
+    }
+
+    pub(crate) fn secret(&self) -> Option<&[u8]> {
+        self.inner.secret.as_deref()
     }
 
     pub(crate) fn peer_timeout(&self) -> Duration {
