@@ -1,0 +1,113 @@
+//! The drop storm: 10,000 ops dropped at random points, then a shutdown with ops in flight.
+//! Its own test binary, so the memory it measures is its own (CI also runs it under valgrind).
+use rdmalane::Access;
+use rdmalane_conformance::{bounded, pair, runtime, share};
+
+/// Resident memory of this process, in bytes.
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 4096
+}
+
+#[test]
+fn a_drop_storm_then_a_shutdown_with_ops_queued_resolves_every_op() {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    use rdmalane::Error;
+
+    for p in rdmalane_conformance::PROVIDERS {
+        bounded(180, async {
+            let baseline = rss();
+            {
+                let (a, b) = (runtime(p), runtime(p));
+                let (ab, ba) = pair(&a, &b).await;
+                let target = b.expose(b.alloc(1 << 20).unwrap(), Access::READ_WRITE).unwrap();
+                let remote = share(&ba, &ab, target.descriptor()).await;
+                let mut x = 0x2545_f491_4f6c_dd1du64;
+                let mut rand = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                let mut kept = FuturesUnordered::new();
+                let (mut completed_seen, mut polled) = (0, 0);
+                for _ in 0..10_000 {
+                    let len = 1 + (rand() % 65_536) as usize;
+                    let off = rand() % ((1 << 20) - len as u64);
+                    let piece = remote.slice(off..off + len as u64).unwrap();
+                    let buf = a.alloc(len).unwrap();
+                    let mut op = if rand() % 2 == 0 {
+                        ab.write_remote(buf, &piece)
+                    } else {
+                        ab.read_remote(buf, &piece)
+                    };
+                    match rand() % 4 {
+                        // Dropped before it was ever polled: never submitted.
+                        0 => drop(op),
+                        // Submitted, dropped at once: withdrawn or completed in the reactor.
+                        1 => {
+                            polled += 1;
+                            let _ = futures::poll!(&mut op);
+                            drop(op);
+                        }
+                        // Submitted, dropped a little later: likely posted, in flight.
+                        2 => {
+                            polled += 1;
+                            let _ = futures::poll!(&mut op);
+                            tokio::task::yield_now().await;
+                            drop(op);
+                        }
+                        // Awaited.
+                        _ => {
+                            polled += 1;
+                            kept.push(op.start());
+                        }
+                    }
+                    while kept.len() > 64 {
+                        let (r, _) = kept.next().await.unwrap();
+                        r.unwrap_or_else(|e| panic!("{p}: {e}"));
+                        completed_seen += 1;
+                    }
+                }
+                while let Some((r, _)) = kept.next().await {
+                    r.unwrap();
+                    completed_seen += 1;
+                }
+                // Every submitted op is accounted for: completed, failed or withdrawn.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                let s = loop {
+                    let s = a.stats();
+                    if s.completed + s.failed + s.withdrawn == s.submitted {
+                        break s;
+                    }
+                    assert!(std::time::Instant::now() < deadline, "{p}: ops unaccounted for: {s:?}");
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                };
+                assert!(s.submitted as usize >= polled, "{p}: {s:?}");
+                assert_eq!(s.failed, 0, "{p}: {s:?}");
+                eprintln!("{p}: drop storm: {s:?}, {completed_seen} awaited");
+
+                // Shutdown with ops queued and in flight: each resolves, completed or Shutdown.
+                let pending: Vec<_> =
+                    (0..200).map(|_| ab.write_remote(a.alloc(1 << 20).unwrap(), &remote).start()).collect();
+                let late = a.alloc(64).unwrap();
+                a.shutdown();
+                let (mut ok, mut shut) = (0, 0);
+                for op in pending {
+                    match op.await.0 {
+                        Ok(_) => ok += 1,
+                        Err(Error::Shutdown { .. }) => shut += 1,
+                        Err(e) => panic!("{p}: after shutdown: {e}"),
+                    }
+                }
+                assert_eq!(ok + shut, 200);
+                let (r, _) = ab.write_remote(late, &remote.slice(0..64).unwrap()).await;
+                assert!(matches!(r, Err(Error::Shutdown { .. })), "{p}: an op after shutdown: {r:?}");
+                assert!(matches!(a.alloc(64), Err(Error::Shutdown { op: rdmalane::OpKind::Register })));
+                eprintln!("{p}: shutdown: {ok} completed, {shut} failed with Shutdown");
+            }
+            let grown = rss().saturating_sub(baseline);
+            assert!(grown < 128 << 20, "{p}: resident memory grew by {} MiB", grown >> 20);
+        });
+    }
+}
