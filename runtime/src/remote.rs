@@ -54,16 +54,7 @@ impl RemoteBuf {
 
     /// A sub-range; `Err(OutOfBounds)` when it does not fit.
     pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<RemoteBuf> {
-        let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e.saturating_add(1),
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => self.len,
-        };
+        let (start, end) = bounds(range.start_bound().cloned(), range.end_bound().cloned(), self.len);
         if start > end || end > self.len {
             return Err(Error::OutOfBounds {
                 op: OpKind::Write,
@@ -119,6 +110,21 @@ impl RemoteBuf {
         }
         Ok(RemoteBuf { owner, addr, len, key, access })
     }
+}
+
+/// A range's bounds as `start..end` within `len` (saturating; the caller checks the result).
+pub(crate) fn bounds(start: Bound<u64>, end: Bound<u64>, len: u64) -> (u64, u64) {
+    let start = match start {
+        Bound::Included(s) => s,
+        Bound::Excluded(s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match end {
+        Bound::Included(e) => e.saturating_add(1),
+        Bound::Excluded(e) => e,
+        Bound::Unbounded => len,
+    };
+    (start, end)
 }
 
 #[cfg(test)]

@@ -458,26 +458,12 @@ impl Transport for FabricTransport {
                         r => Err(PostError::Failed(self.err(r as i64, "fi_inject"))),
                     };
                 }
-                let msg = ffi::fi_msg {
-                    msg_iov: iov.as_mut_ptr() as *const _,
-                    desc: desc.as_mut_ptr(),
-                    iov_count: n,
-                    addr: wr.peer,
-                    context,
-                    data,
-                };
+                let msg = plain_msg(&mut iov, &mut desc, n, wr.peer, context, data);
                 // SAFETY: as for reads.
                 unsafe { ffi::fi_sendmsg(ep, &msg, flags) }
             }
             WrKind::Recv => {
-                let msg = ffi::fi_msg {
-                    msg_iov: iov.as_mut_ptr() as *const _,
-                    desc: desc.as_mut_ptr(),
-                    iov_count: n,
-                    addr: wr.peer,
-                    context,
-                    data: 0,
-                };
+                let msg = plain_msg(&mut iov, &mut desc, n, wr.peer, context, 0);
                 // SAFETY: as for reads; the memory is ours alone until the completion.
                 unsafe { ffi::fi_recvmsg(ep, &msg, ffi::FI_COMPLETION as u64) }
             }
@@ -546,6 +532,24 @@ impl Transport for FabricTransport {
 
     fn notifier(&self) -> Arc<dyn Notify> {
         self.efd.clone()
+    }
+}
+
+fn plain_msg(
+    iov: &mut [libc::iovec; 4],
+    desc: &mut [*mut std::ffi::c_void; 4],
+    n: usize,
+    peer: PeerAddr,
+    context: *mut std::ffi::c_void,
+    data: u64,
+) -> ffi::fi_msg {
+    ffi::fi_msg {
+        msg_iov: iov.as_mut_ptr() as *const _,
+        desc: desc.as_mut_ptr(),
+        iov_count: n,
+        addr: peer,
+        context,
+        data,
     }
 }
 

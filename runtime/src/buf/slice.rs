@@ -2,6 +2,7 @@ use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 
 use super::{IoBuf, IoBufMut};
 use crate::error::{Error, OpKind, Result};
+use crate::remote::bounds;
 use crate::transport::LocalSeg;
 
 /// A sub-range of a buffer, used as a buffer of its own (`buf.slice(64..128)`).
@@ -15,16 +16,9 @@ pub struct Slice<B> {
 impl<B: IoBuf> Slice<B> {
     pub(crate) fn new(buf: B, range: impl RangeBounds<usize>) -> Result<Slice<B>> {
         let len = buf.bytes_len();
-        let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e.saturating_add(1),
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => len,
-        };
+        let widen = |b: Bound<&usize>| b.map(|&v| v as u64);
+        let (start, end) = bounds(widen(range.start_bound()), widen(range.end_bound()), len as u64);
+        let (start, end) = (start as usize, end as usize);
         if start > end || end > len {
             return Err(Error::invalid(
                 OpKind::Register,
