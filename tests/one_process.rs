@@ -203,6 +203,10 @@ fn descriptors_out_of_bounds_are_refused_before_posting() {
             let foreign = other.expose(other.alloc(64).unwrap(), Access::WRITE).unwrap().descriptor();
             let (r, _) = ab.write_remote(a.alloc(16).unwrap(), &foreign).await;
             assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{p}: {r:?}");
+            // A zero-length one-sided op is meaningless.
+            let empty = a.alloc(16).unwrap().slice(0..0).unwrap();
+            let (r, _) = ab.write_remote(empty, &remote).await;
+            assert!(matches!(r, Err(Error::InvalidArgument { op: OpKind::Write, .. })), "{p}: {r:?}");
             // A buffer of another runtime is refused too.
             let (r, _) = ab.send(other.alloc(16).unwrap()).await;
             assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{p}: {r:?}");

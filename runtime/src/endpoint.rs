@@ -86,7 +86,12 @@ impl Endpoint {
         }
         let len = buf.bytes_len();
         let max = self.rt.caps().max_msg_size;
-        if len > max {
+        let one_sided = matches!(op, OpKind::Write | OpKind::WriteImm | OpKind::Read);
+        if one_sided && len == 0 {
+            return Err(Error::invalid(op, "a zero-length one-sided op moves nothing"));
+        }
+        // One-sided ops are split into chunks the provider takes; a message cannot be split.
+        if !one_sided && len > max {
             return Err(Error::invalid(
                 op,
                 format!("{len} bytes exceed the provider's largest message ({max} bytes)"),

@@ -167,6 +167,8 @@ impl Builder {
         let idle = Arc::new(Idle::default());
         let mut sched = self.sched;
         sched.apply_env();
+        // Chunks must be messages the provider takes.
+        sched.max_message = caps.max_msg_size.max(1);
         tracing::debug!(?sched, "scheduler");
         let reactor = Reactor::new(transport, rx, imm.clone(), counters.clone(), idle.clone(), sched);
         let (inline, thread) = match self.driver {

@@ -49,6 +49,9 @@ pub struct SchedConfig {
     pub idle_chunk_size: usize,
     /// Budget multiplier while no latency work is active.
     pub idle_budget_factor: usize,
+    /// The provider's largest message: no chunk is larger, in fifo mode either (the runtime
+    /// sets it from the transport).
+    pub max_message: usize,
     /// Bulk chunks handed out per `next` call. Posting can cost a copy of the chunk (tcp, shm);
     /// the reactor reaps between rounds, so latency work gets in between bulk chunks.
     pub bulk_per_round: usize,
@@ -67,6 +70,7 @@ impl Default for SchedConfig {
             nic_wrs: 1024,
             min_bulk_share: 0.1,
             bulk_per_round: 1,
+            max_message: usize::MAX,
             idle_after_chunks: 256,
             idle_chunk_size: 1 << 20,
             idle_budget_factor: 16,

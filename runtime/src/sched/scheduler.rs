@@ -307,9 +307,9 @@ impl Scheduler {
         if self.lane_load(lane).wrs >= self.cfg.lane_wrs {
             return false;
         }
-        // Whole ops, in order: what raw libfabric does.
-        let len = usize::MAX;
-        out.push(self.issue(id, lane, len));
+        // Whole ops, in order: what raw libfabric does (in pieces only above the provider's
+        // largest message, which raw libfabric would refuse).
+        out.push(self.issue(id, lane, self.cfg.max_message));
         true
     }
 
@@ -406,7 +406,7 @@ impl Scheduler {
     /// Cut the next piece (at most `max` bytes) of `id` for `lane`, and account for it.
     fn issue(&mut self, id: OpId, lane: LaneId, max: usize) -> Chunk {
         let o = &mut self.ops[id.0];
-        let max = if o.splittable { max.max(1) } else { usize::MAX };
+        let max = if o.splittable { max.clamp(1, self.cfg.max_message.max(1)) } else { usize::MAX };
         let (offset, len) = match o.returned.pop() {
             Some((off, len)) if len > max => {
                 o.returned.push((off + max, len - max));
