@@ -9,7 +9,7 @@ cargo test --workspace --all-targets -- --test-threads=2
 cargo test --workspace --doc
 # The drop storm again under valgrind: no use-after-free or invalid access while 10,000 ops are
 # dropped at random points and the runtime shuts down with ops in flight.
-CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="valgrind --error-exitcode=99 -q" \
+RDMALANE_UNDER_VALGRIND=1 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="valgrind --error-exitcode=99 -q" \
   cargo test -p rdmalane-conformance --test drop_storm
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

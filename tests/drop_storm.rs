@@ -106,8 +106,11 @@ fn a_drop_storm_then_a_shutdown_with_ops_queued_resolves_every_op() {
                 assert!(matches!(a.alloc(64), Err(Error::Shutdown { op: rdmalane::OpKind::Register })));
                 eprintln!("{p}: shutdown: {ok} completed, {shut} failed with Shutdown");
             }
-            let grown = rss().saturating_sub(baseline);
-            assert!(grown < 128 << 20, "{p}: resident memory grew by {} MiB", grown >> 20);
+            // Under valgrind the resident size is valgrind's own; it checks accesses instead.
+            if std::env::var_os("RDMALANE_UNDER_VALGRIND").is_none() {
+                let grown = rss().saturating_sub(baseline);
+                assert!(grown < 128 << 20, "{p}: resident memory grew by {} MiB", grown >> 20);
+            }
         });
     }
 }
