@@ -131,7 +131,7 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
         let server = rdmalane::Runtime::builder()
             .backend(rdmalane_efa::Libfabric)
             .provider("tcp")
-            .connect_timeout(std::time::Duration::from_millis(100))
+            .connect_timeout(std::time::Duration::from_millis(1500))
             .build()
             .unwrap();
         let l = server.listen("127.0.0.1:0").await.unwrap();
@@ -168,9 +168,18 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
             }
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
             let _ = s.write_all(&bytes).await;
-            let r = l.accept().await;
-            assert!(r.is_err(), "case {case}: {} bytes accepted", bytes.len());
-            drop(s);
+            // Mostly the stranger hangs up after writing; a few times it stays, silent, and
+            // the handshake's time limit must end it.
+            let linger = case % 50 == 8;
+            if !linger {
+                drop(s);
+                let r = l.accept().await;
+                assert!(r.is_err(), "case {case}: {} bytes accepted", bytes.len());
+            } else {
+                let r = l.accept().await;
+                assert!(r.is_err(), "case {case}: {} bytes accepted", bytes.len());
+                drop(s);
+            }
         }
         // Still serving.
         let (c, s) = tokio::join!(client.connect(addr), l.accept());
