@@ -47,7 +47,8 @@ pub struct SchedConfig {
     pub idle_after_chunks: u32,
     /// Chunk size while no latency work is active.
     pub idle_chunk_size: usize,
-    /// Budget multiplier while no latency work is active.
+    /// Budget multiplier (lanes and tenants) while no latency work is active. The NIC budget
+    /// stays: it is what tenants compete for, so their shares hold with or without latency work.
     pub idle_budget_factor: usize,
     /// The provider's largest message: no chunk is larger, in fifo mode either (the runtime
     /// sets it from the transport).
@@ -66,7 +67,7 @@ impl Default for SchedConfig {
             lane_bytes: 256 << 10,
             lane_wrs: 256,
             tenant_bytes: 256 << 10,
-            nic_bytes: 4 << 20,
+            nic_bytes: 8 << 20,
             nic_wrs: 1024,
             min_bulk_share: 0.1,
             bulk_per_round: 1,

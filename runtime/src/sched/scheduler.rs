@@ -334,7 +334,8 @@ impl Scheduler {
 
     fn next_bulk(&mut self, out: &mut Vec<Chunk>) -> bool {
         let f = self.budget_factor();
-        if self.nic.wrs >= self.cfg.nic_wrs || self.nic.bulk >= self.cfg.nic_bytes * f {
+        // The NIC budget is not relaxed when latency is idle: it is what makes tenants share.
+        if self.nic.wrs >= self.cfg.nic_wrs || self.nic.bulk >= self.cfg.nic_bytes {
             return false;
         }
         // Deficit round robin in its byte-exact form: serve the eligible tenant that has had the
