@@ -401,9 +401,8 @@ impl Runtime {
 
     /// Hand an op to the reactor; on shutdown the op fails at once.
     pub(crate) fn submit(&self, req: OpReq) {
-        Counters::add(&self.inner.counters.submitted);
         if self.inner.idle.shutdown.load(Ordering::Acquire) {
-            Counters::add(&self.inner.counters.failed);
+            Counters::add_shared(&self.inner.counters.rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
             return;
         }
@@ -416,7 +415,7 @@ impl Runtime {
             }
         }
         if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
-            Counters::add(&self.inner.counters.failed);
+            Counters::add_shared(&self.inner.counters.rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
         }
     }

@@ -26,21 +26,30 @@ pub(crate) struct Counters {
     pub failed: AtomicU64,
     pub withdrawn: AtomicU64,
     pub registrations: AtomicU64,
+    /// Ops refused on the submitting thread (runtime shut down): counted as submitted and
+    /// failed. Written by any thread, so kept apart from the reactor's own counters.
+    pub rejected: AtomicU64,
 }
 
 impl Counters {
+    /// Count one on a counter only the reactor writes (whoever drives it holds its lock): a
+    /// plain load and store, no locked instruction on the hot path.
     pub(crate) fn add(c: &AtomicU64) {
-        // Single writer per counter on the hot path (the reactor); relaxed is enough.
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// Count one from any thread.
+    pub(crate) fn add_shared(c: &AtomicU64) {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Stats {
-            submitted: l(&self.submitted),
+            submitted: l(&self.submitted) + l(&self.rejected),
             posted: l(&self.posted),
             completed: l(&self.completed),
-            failed: l(&self.failed),
+            failed: l(&self.failed) + l(&self.rejected),
             withdrawn: l(&self.withdrawn),
             registrations: l(&self.registrations),
         }

@@ -196,6 +196,7 @@ impl Reactor {
     }
 
     fn accept(&mut self, req: OpReq) {
+        Counters::add(&self.counters.submitted);
         let peer = self.peers.get(req.peer).filter(|p| p.id == req.peer_id);
         let gone = match peer {
             None => Some((String::from("-"), String::from("endpoint closed"))),
@@ -575,7 +576,10 @@ impl Reactor {
     pub(crate) fn shutdown(&mut self, limit: Duration) {
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
-                Cmd::Op(req) => resolve(&self.counters, &req.cell, Err(Error::Shutdown { op: req.op })),
+                Cmd::Op(req) => {
+                    Counters::add(&self.counters.submitted);
+                    resolve(&self.counters, &req.cell, Err(Error::Shutdown { op: req.op }))
+                }
                 other => self.handle(other),
             }
         }
