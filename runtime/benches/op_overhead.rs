@@ -1,0 +1,126 @@
+//! The runtime's own cost per op, with the transport taken out: a null transport completes
+//! every request at once (sends inline, receives and writes on the next poll). What remains is
+//! the op cell, the reactor, the scheduler and the counters.
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use rdmalane::transport::{
+    Access, Backend, Caps, Completion, LaneId, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
+    TransportConfig, WorkRequest, WrKind,
+};
+use rdmalane::{Driver, Runtime, TransportError};
+
+struct Null {
+    caps: Caps,
+    lanes: usize,
+    done: Vec<Completion>,
+}
+
+struct Quiet;
+impl Notify for Quiet {
+    fn notify(&self) {}
+}
+
+impl Transport for Null {
+    fn caps(&self) -> &Caps {
+        &self.caps
+    }
+    fn open_lane(&mut self) -> Result<(LaneId, Vec<u8>), TransportError> {
+        self.lanes += 1;
+        Ok((self.lanes, vec![self.lanes as u8]))
+    }
+    fn connect_lane(&mut self, _: LaneId, _: &[u8]) -> Result<PeerAddr, TransportError> {
+        Ok(0)
+    }
+    fn close_lane(&mut self, _: LaneId) {}
+    unsafe fn register(&mut self, ptr: *mut u8, _: usize, _: Access) -> Result<MemoryRegion, TransportError> {
+        Ok(MemoryRegion { id: 0, desc: 0, key: 1, remote_base: ptr as u64 })
+    }
+    fn deregister(&mut self, _: u64) -> Result<(), TransportError> {
+        Ok(())
+    }
+    unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
+        let len = wr.local.iter().map(|s| s.len).sum();
+        match wr.kind {
+            WrKind::Send { .. } => Ok(Posted::Completed),
+            _ => {
+                self.done.push(Completion::Op { id: wr.id, len, imm: None, status: Ok(()) });
+                Ok(Posted::Queued)
+            }
+        }
+    }
+    fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let n = self.done.len().min(max);
+        out.extend(self.done.drain(..n));
+        n
+    }
+    fn wait(&mut self, t: Duration) {
+        std::thread::sleep(t);
+    }
+    fn notifier(&self) -> Arc<dyn Notify> {
+        Arc::new(Quiet)
+    }
+}
+
+struct NullBackend;
+impl Backend for NullBackend {
+    fn open(&self, _: &TransportConfig) -> rdmalane::Result<Box<dyn Transport>> {
+        let caps = Caps {
+            provider: "null".into(),
+            max_msg_size: 1 << 30,
+            inject_size: 64,
+            iov_limit: 4,
+            cq_data_size: 8,
+            tx_depth: 1 << 16,
+            rx_depth: 1 << 16,
+            wait_fd: false,
+        };
+        Ok(Box::new(Null { caps, lanes: 0, done: Vec::new() }))
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let open = || Runtime::builder().backend(NullBackend).driver(Driver::Inline).build().unwrap();
+    let (a, b) = (open(), open());
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (ab, _ba) = tokio.block_on(async {
+        let l = b.listen("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (x, y) = tokio::join!(a.connect(addr), l.accept());
+        (x.unwrap(), y.unwrap())
+    });
+    let exposed = b.expose(b.alloc(4096).unwrap(), Access::READ_WRITE).unwrap();
+    let remote = exposed.descriptor();
+    let mut buf = Some(a.alloc(16).unwrap());
+    c.bench_function("send 16 B (inline completion)", |bn| {
+        bn.iter(|| {
+            let (r, back) = a.block_on(ab.send(buf.take().unwrap()));
+            r.unwrap();
+            buf = Some(back);
+        })
+    });
+    c.bench_function("recv 16 B (completion on the next poll)", |bn| {
+        bn.iter(|| {
+            let (r, back) = a.block_on(ab.recv(buf.take().unwrap()));
+            r.unwrap();
+            buf = Some(back);
+        })
+    });
+    c.bench_function("write 16 B (through the reactor, no bulk queued)", |bn| {
+        bn.iter(|| {
+            let (r, back) = a.block_on(ab.write_remote(buf.take().unwrap(), &remote.slice(0..16).unwrap()));
+            r.unwrap();
+            buf = Some(back);
+        })
+    });
+}
+
+// criterion's macros generate undocumented public functions.
+#[allow(missing_docs)]
+mod group {
+    use super::*;
+    criterion_group!(benches, bench);
+}
+use group::benches;
+criterion_main!(benches);
