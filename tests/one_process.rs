@@ -358,3 +358,25 @@ fn a_handshake_from_a_stranger_is_refused_and_the_listener_survives() {
         y.unwrap();
     });
 }
+
+#[test]
+fn dropping_a_split_write_withdraws_its_unposted_chunks() {
+    for p in PROVIDERS {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let target = b.expose(b.alloc(64 << 20).unwrap(), Access::WRITE).unwrap();
+            let remote = share(&ba, &ab, target.descriptor()).await;
+            let before = a.stats();
+            // 64 MiB goes out in 64 chunks of 1 MiB, a few at a time (the budgets).
+            let mut op = ab.write_remote(a.alloc(64 << 20).unwrap(), &remote);
+            let _ = futures::poll!(&mut op);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            drop(op);
+            let s = settle(&a, 30).await;
+            assert_eq!(s.withdrawn - before.withdrawn, 1, "{p}: {s:?}");
+            assert!(s.posted - before.posted < 64, "{p}: every chunk was posted: {s:?}");
+            eprintln!("{p}: {} of 64 chunks posted before the drop took effect", s.posted - before.posted);
+        });
+    }
+}

@@ -47,6 +47,8 @@ struct Held {
     req: OpReq,
     /// The first failure among its chunks.
     error: Option<Error>,
+    /// Chunks posted and not completed: each holds a reference to the cell.
+    posted: usize,
 }
 
 struct Peer {
@@ -232,7 +234,7 @@ impl Reactor {
         if self.held.len() <= id.0 {
             self.held.resize_with(id.0 + 1, || None);
         }
-        self.held[id.0] = Some(Held { req, error: None });
+        self.held[id.0] = Some(Held { req, error: None, posted: 0 });
     }
 
     fn handle(&mut self, cmd: Cmd) {
@@ -385,8 +387,9 @@ impl Reactor {
                 continue;
             }
             let h = self.held[c.op.0].as_ref().expect("scheduled ops are held");
-            // Only the reactor holds the cell: the future was dropped. Withdraw the rest.
-            if Arc::strong_count(&h.req.cell) == 1 {
+            // Only the reactor holds the cell (here and in its posted chunks): the future was
+            // dropped. Withdraw the rest.
+            if Arc::strong_count(&h.req.cell) == 1 + h.posted {
                 self.sched.unissue(c);
                 if !chunks[i + 1..].iter().any(|x| x.op == c.op) {
                     if let Some(done) = self.sched.cancel(c.op) {
@@ -425,6 +428,9 @@ impl Reactor {
                     Counters::add(&self.counters.posted);
                     let (cell, peer, op) = (h.req.cell.clone(), h.req.peer, h.req.op);
                     entry.insert(InFlight { id, cell, peer, op, len: c.len, chunk: Some(c) });
+                    if let Some(h) = self.held[c.op.0].as_mut() {
+                        h.posted += 1;
+                    }
                     self.peers[peer].inflight += 1;
                     self.active += 1;
                 }
@@ -547,6 +553,12 @@ impl Reactor {
         match f.chunk {
             Some(c) => {
                 self.active -= 1;
+                // The in-flight entry's reference to the cell goes now, before the scheduler
+                // may resolve the op.
+                drop(f.cell);
+                if let Some(h) = self.held[c.op.0].as_mut() {
+                    h.posted -= 1;
+                }
                 let ok = err.is_none();
                 if let Some(e) = err {
                     if let Some(h) = self.held[c.op.0].as_mut() {
