@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo test --workspace --all-targets -- --test-threads=2
+cargo test --workspace --lib --bins --tests --examples -- --test-threads=2
+# The criterion benches run once each, as tests (they take no test-harness flags).
+cargo test --workspace --benches
 cargo test --workspace --doc
 # The drop storm again under valgrind: no use-after-free or invalid access while 10,000 ops are
 # dropped at random points and the runtime shuts down with ops in flight.
