@@ -22,7 +22,9 @@ fn a_drop_storm_then_a_shutdown_with_ops_queued_resolves_every_op() {
             // round's pending buffers would pass it by the third round.
             let mut after = Vec::new();
             let valgrind = std::env::var_os("RDMALANE_UNDER_VALGRIND").is_some();
-            for _round in 0..if valgrind { 1 } else { 4 } {
+            let rounds =
+                std::env::var("RDMALANE_STORM_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+            for _round in 0..if valgrind { 1 } else { rounds } {
                 {
                     let (a, b) = (runtime(p), runtime(p));
                     let (ab, ba) = pair(&a, &b).await;
