@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 use rdmalane::transport::{Access, Completion, PostError, Posted, WrKind};
+use rdmalane::{Endpoint, Runtime};
 
 use crate::cli::{Common, Engine};
 use crate::conn::{with_server, BoxErr, CpuMeter, RawConn, RtConn};
@@ -60,29 +61,18 @@ fn rt_side(
 ) -> Result<(), BoxErr> {
     let total = a.warmup + a.iters;
     let (rt, ep) = (&c.rt, &c.ep);
-    let mut progress = Progress::new(client && !a.json, total);
     rt.block_on(async {
-        let mut sbuf = rt.alloc(a.size)?;
-        let mut rbuf = rt.alloc(a.size)?;
         if client {
-            for i in 0..total {
-                let t0 = Instant::now();
-                let recv = ep.recv(rbuf).start();
-                let (r, s) = ep.send(sbuf).await;
-                r?;
-                sbuf = s;
-                let (r, b) = recv.await;
-                r?;
-                rbuf = b;
-                if i >= a.warmup {
-                    if let Some(h) = hist.as_deref_mut() {
-                        h.record(t0.elapsed().as_nanos() as u64 / 2)?;
-                    }
-                }
-                progress.tick(i);
+            pingpong(rt, ep, a.size, a.warmup, &mut Progress::new(false, 0)).await?;
+            let mut progress = Progress::new(!a.json, a.iters);
+            let h = pingpong(rt, ep, a.size, a.iters, &mut progress).await?;
+            progress.done();
+            if let Some(out) = hist.as_deref_mut() {
+                *out = h;
             }
         } else {
-            let mut next = Some(ep.recv(rbuf).start());
+            let mut sbuf = rt.alloc(a.size)?;
+            let mut next = Some(ep.recv(rt.alloc(a.size)?).start());
             for i in 0..total {
                 let (r, b) = next.take().expect("a receive is posted").await;
                 r?;
@@ -95,9 +85,34 @@ fn rt_side(
                 sbuf = s;
             }
         }
-        progress.done();
         Ok::<(), BoxErr>(())
     })
+}
+
+/// `n` ping-pongs of `size` bytes, the receive posted before each send; one-way latencies
+/// (half round trips) in ns.
+pub async fn pingpong(
+    rt: &Runtime,
+    ep: &Endpoint,
+    size: usize,
+    n: usize,
+    progress: &mut Progress,
+) -> Result<Histogram<u64>, BoxErr> {
+    let mut h = Histogram::<u64>::new(3)?;
+    let (mut s, mut r) = (rt.alloc(size)?, rt.alloc(size)?);
+    for i in 0..n {
+        let t0 = Instant::now();
+        let recv = ep.recv(r).start();
+        let (res, b) = ep.send(s).await;
+        res?;
+        s = b;
+        let (res, b) = recv.await;
+        res?;
+        r = b;
+        h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+        progress.tick(i);
+    }
+    Ok(h)
 }
 
 /// Poll until the completions for `ids` (those still pending) have arrived.

@@ -12,7 +12,12 @@ use rdmalane::{Access, Endpoint, RemoteBuf, Runtime};
 
 use crate::cli::{Mixed, Sched};
 use crate::conn::{build_rt_with, control_plane, BoxErr, CpuMeter, ServerChild};
-use crate::report::{print, Val};
+use crate::lat::pingpong;
+use crate::report::{print, Progress, Val};
+
+fn quiet() -> Progress {
+    Progress::new(false, 0)
+}
 
 pub const PING: usize = 16;
 
@@ -96,24 +101,6 @@ async fn echo(rt: &Runtime, ep: &Endpoint, desc: RemoteBuf) -> Result<(), BoxErr
     }
 }
 
-/// `n` ping-pongs; one-way latencies (half round trips) in ns.
-pub async fn pingpong(rt: &Runtime, ep: &Endpoint, n: usize) -> Result<Histogram<u64>, BoxErr> {
-    let mut h = Histogram::<u64>::new(3)?;
-    let (mut s, mut r) = (rt.alloc(PING)?, rt.alloc(PING)?);
-    for _ in 0..n {
-        let t0 = Instant::now();
-        let recv = ep.recv(r).start();
-        let (res, b) = ep.send(s).await;
-        res?;
-        s = b;
-        let (res, b) = recv.await;
-        res?;
-        r = b;
-        h.record(t0.elapsed().as_nanos() as u64 / 2)?;
-    }
-    Ok(h)
-}
-
 /// Keep `window` writes of the bulk size in flight until `stop` (or `until`), as `tenant`.
 /// Returns bytes written per second.
 pub async fn stream(
@@ -165,16 +152,16 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let (alone, bulk_alone, mixed, bulk_mixed) = rt.block_on(async {
         let (n, d) = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN)?).await;
         let remote = RemoteBuf::from_bytes(&d[..n?])?;
-        pingpong(&rt, &ep, a.warmup).await?;
-        let alone = pingpong(&rt, &ep, a.iters).await?;
+        pingpong(&rt, &ep, PING, a.warmup, &mut quiet()).await?;
+        let alone = pingpong(&rt, &ep, PING, a.iters, &mut quiet()).await?;
         let never = Cell::new(false);
         let until = Instant::now() + std::time::Duration::from_secs_f64(m.secs);
         let bulk_alone = stream(&rt, &ep, &remote, m, 0, &never, Some(until)).await?;
         let stop = Cell::new(false);
         let pings = async {
             // A few unmeasured pings while the stream fills the pipe.
-            pingpong(&rt, &ep, 20).await?;
-            let h = pingpong(&rt, &ep, a.iters).await;
+            pingpong(&rt, &ep, PING, 20, &mut quiet()).await?;
+            let h = pingpong(&rt, &ep, PING, a.iters, &mut quiet()).await;
             stop.set(true);
             h
         };
