@@ -13,5 +13,8 @@ cargo test --workspace --doc
 # dropped at random points and the runtime shuts down with ops in flight.
 RDMALANE_UNDER_VALGRIND=1 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="valgrind --error-exitcode=99 -q" \
   cargo test -p rdmalane-conformance --test drop_storm
+# The book builds.
+command -v mdbook >/dev/null 2>&1 || cargo install --locked -q mdbook
+mdbook build book
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
