@@ -16,5 +16,6 @@ RDMALANE_UNDER_VALGRIND=1 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="valgrind
 # The book builds.
 command -v mdbook >/dev/null 2>&1 || cargo install --locked -q mdbook
 mdbook build book
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
