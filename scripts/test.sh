@@ -11,7 +11,8 @@ cargo test --workspace --benches
 cargo test --workspace --doc
 # The drop storm again under valgrind: no use-after-free or invalid access while 10,000 ops are
 # dropped at random points and the runtime shuts down with ops in flight.
-RDMALANE_UNDER_VALGRIND=1 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="valgrind --error-exitcode=99 -q" \
+RDMALANE_UNDER_VALGRIND=1 RDMALANE_PEER_TIMEOUT_MS=120000 \
+  CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="valgrind --error-exitcode=99 -q" \
   cargo test -p rdmalane-conformance --test drop_storm
 # The book builds.
 command -v mdbook >/dev/null 2>&1 || cargo install --locked -q mdbook

@@ -19,7 +19,7 @@ fn a_drop_storm_then_a_shutdown_with_ops_queued_resolves_every_op() {
             // Four identical rounds, each with 200 MiB of writes pending at its shutdown. The
             // allocator keeps and returns freed memory as it likes (resident size swings between
             // about 15 and 230 MiB from round to round), so the bound is on the peak: leaking a
-            // round's pending buffers would pass it by the third round.
+            // round's pending buffers would pass it by the fourth round.
             let mut after = Vec::new();
             let valgrind = std::env::var_os("RDMALANE_UNDER_VALGRIND").is_some();
             let rounds =
@@ -124,7 +124,7 @@ fn a_drop_storm_then_a_shutdown_with_ops_queued_resolves_every_op() {
                     after.iter().map(|v| v >> 20).collect::<Vec<_>>()
                 );
                 let peak = after.iter().max().copied().unwrap_or(0);
-                assert!(peak < 400 << 20, "{p}: resident memory after the rounds: {after:?}");
+                assert!(peak < 512 << 20, "{p}: resident memory after the rounds: {after:?}");
             }
         });
     }

@@ -109,6 +109,7 @@ impl Builder {
 
     /// A peer whose control connection stays silent this long (no heartbeat) is lost: its
     /// pending ops fail with `Error::PeerLost`. Heartbeats go out three times per period.
+    /// `RDMALANE_PEER_TIMEOUT_MS` overrides it (slow debugging tools such as valgrind need more).
     pub fn peer_timeout(mut self, t: Duration) -> Self {
         self.peer_timeout = t.max(Duration::from_millis(30));
         self
@@ -204,7 +205,10 @@ impl Builder {
                 imm,
                 counters,
                 connect_timeout: self.connect_timeout,
-                peer_timeout: self.peer_timeout,
+                peer_timeout: std::env::var("RDMALANE_PEER_TIMEOUT_MS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .map_or(self.peer_timeout, |ms: u64| Duration::from_millis(ms.max(30))),
                 secret: self
                     .secret
                     .or_else(|| std::env::var("RDMALANE_SECRET").ok().map(String::into_bytes))
