@@ -1,7 +1,7 @@
 //! The drop storm: 10,000 ops dropped at random points, then a shutdown with ops in flight.
 //! Its own test binary, so the memory it measures is its own (CI also runs it under valgrind).
 use rdmalane::Access;
-use rdmalane_conformance::{bounded, pair, runtime, share};
+use rdmalane_conformance::{bounded, expose_to, pair, runtime};
 
 /// Resident memory of this process, in bytes.
 fn rss() -> u64 {
@@ -28,8 +28,7 @@ fn a_drop_storm_then_a_shutdown_with_ops_queued_resolves_every_op() {
                 {
                     let (a, b) = (runtime(p), runtime(p));
                     let (ab, ba) = pair(&a, &b).await;
-                    let target = b.expose(b.alloc(1 << 20).unwrap(), Access::READ_WRITE).unwrap();
-                    let remote = share(&ba, &ab, target.descriptor()).await;
+                    let (_target, remote) = expose_to(&ba, &ab, 1 << 20, Access::READ_WRITE).await;
                     let mut x = 0x2545_f491_4f6c_dd1du64;
                     let mut rand = move || {
                         x ^= x << 13;

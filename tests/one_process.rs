@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::{Access, Driver, Error, OpKind, Runtime};
-use rdmalane_conformance::{bounded, pair, pattern, runtime, share, watchdog, PROVIDERS};
+use rdmalane_conformance::{bounded, expose_to, pair, pattern, runtime, watchdog, PROVIDERS};
 
 const SIZES: [usize; 9] = [1, 7, 63, 4096, 4097, 65_537, (1 << 20) + 3, 9_999_991, 64 << 20];
 
@@ -14,8 +14,7 @@ fn write_then_read_is_byte_exact_from_1_byte_to_64_mib() {
         bounded(120, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
-            let target = b.expose(b.alloc(64 << 20).unwrap(), Access::READ_WRITE).unwrap();
-            let remote = share(&ba, &ab, target.descriptor()).await;
+            let (target, remote) = expose_to(&ba, &ab, 64 << 20, Access::READ_WRITE).await;
             for (i, &size) in SIZES.iter().enumerate() {
                 let want = pattern(size, i as u64);
                 let mut src = a.alloc(size).unwrap();
@@ -40,8 +39,7 @@ fn writes_into_offsets_of_a_region_land_exactly_there() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
-            let target = b.expose(b.alloc(1 << 20).unwrap(), Access::WRITE).unwrap();
-            let remote = share(&ba, &ab, target.descriptor()).await;
+            let (target, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
             let piece = remote.slice(1000..1000 + 333).unwrap();
             let mut src = a.alloc(333).unwrap();
             src.fill(0xAB);
@@ -95,8 +93,7 @@ fn write_with_imm_raises_each_value_once_in_any_order() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
-            let target = b.expose(b.alloc(100 * 4096).unwrap(), Access::WRITE).unwrap();
-            let remote = share(&ba, &ab, target.descriptor()).await;
+            let (target, remote) = expose_to(&ba, &ab, 100 * 4096, Access::WRITE).await;
             let mut ops = FuturesUnordered::new();
             for i in 0..100u64 {
                 let piece = remote.slice(i * 4096..(i + 1) * 4096).unwrap();
@@ -130,8 +127,7 @@ fn a_thousand_concurrent_writes_all_land() {
         bounded(120, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
-            let target = b.expose(b.alloc(1000 * 1024).unwrap(), Access::WRITE).unwrap();
-            let remote = share(&ba, &ab, target.descriptor()).await;
+            let (target, remote) = expose_to(&ba, &ab, 1000 * 1024, Access::WRITE).await;
             let mut ops = FuturesUnordered::new();
             for i in 0..1000u64 {
                 let mut src = a.alloc(1024).unwrap();
@@ -189,8 +185,7 @@ fn descriptors_out_of_bounds_are_refused_before_posting() {
         bounded(30, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
-            let target = b.expose(b.alloc(4096).unwrap(), Access::WRITE).unwrap();
-            let remote = share(&ba, &ab, target.descriptor()).await;
+            let (target, remote) = expose_to(&ba, &ab, 4096, Access::WRITE).await;
             let before = a.stats();
             assert!(matches!(remote.slice(4000..4097), Err(Error::OutOfBounds { .. })));
             let (r, _) = ab.write_remote(a.alloc(4097).unwrap(), &remote).await;
@@ -235,8 +230,7 @@ fn dropping_futures_in_flight_and_after_completion_is_safe() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
-            let target = b.expose(b.alloc(1 << 20).unwrap(), Access::WRITE).unwrap();
-            let remote = share(&ba, &ab, target.descriptor()).await;
+            let (target, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
             let base = a.stats().submitted;
             // Dropped at once: each is withdrawn or completes in the reactor, buffer kept alive.
             for i in 0..200 {
@@ -365,8 +359,7 @@ fn dropping_a_split_write_withdraws_its_unposted_chunks() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
-            let target = b.expose(b.alloc(64 << 20).unwrap(), Access::WRITE).unwrap();
-            let remote = share(&ba, &ab, target.descriptor()).await;
+            let (_target, remote) = expose_to(&ba, &ab, 64 << 20, Access::WRITE).await;
             let before = a.stats();
             // 64 MiB goes out in 64 chunks of 1 MiB, a few at a time (the budgets).
             let mut op = ab.write_remote(a.alloc(64 << 20).unwrap(), &remote);

@@ -67,6 +67,20 @@ pub async fn share(from: &Endpoint, to: &Endpoint, desc: RemoteBuf) -> RemoteBuf
     RemoteBuf::from_bytes(&b[..n.expect("recv descriptor")]).expect("decode")
 }
 
+/// `from` exposes `len` fresh bytes with `access` and hands the descriptor to `to`: the exposed
+/// buffer (kept by the caller) and the descriptor as `to` received it.
+pub async fn expose_to(
+    from: &Endpoint,
+    to: &Endpoint,
+    len: usize,
+    access: rdmalane::Access,
+) -> (rdmalane::ExposedBuf<rdmalane::RegisteredBuf>, RemoteBuf) {
+    let rt = from.runtime();
+    let exposed = rt.expose(rt.alloc(len).expect("alloc"), access).expect("expose");
+    let remote = share(from, to, exposed.descriptor()).await;
+    (exposed, remote)
+}
+
 /// A byte pattern that differs per size and seed, so misplaced bytes show.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
