@@ -1,6 +1,9 @@
 //! A connection to one peer and the operations on it.
 use std::fmt;
 
+use std::sync::Arc;
+
+use crate::batch::{Layout, Pieces};
 use crate::buf::{IoBuf, IoBufMut};
 use crate::error::{Error, OpKind};
 use crate::op::{len_of, Op, OpCell};
@@ -69,6 +72,77 @@ impl Endpoint {
         self.one_sided(OpKind::Read, buf, remote, None)
     }
 
+    /// Write `pieces` of `buf` to `remote` (one-sided) as one op: pieces contiguous on the
+    /// remote side share a work request, gathered from `buf`; the rest go as a work request
+    /// each, through the fair-share scheduler like any transfer. Resolves to the bytes moved
+    /// once every piece is at the target; a failure names the first piece that failed
+    /// ([`Error::Batch`]). Pieces outside `buf` or `remote` are refused before anything is posted.
+    pub fn write_batch<B: IoBuf>(&self, buf: B, remote: &RemoteBuf, pieces: &Pieces) -> Op<B> {
+        self.batch(OpKind::Write, buf, remote, pieces, None)
+    }
+
+    /// Like [`write_batch`](Self::write_batch), and every piece raises `imm` at the peer when it
+    /// lands: the peer awaits them with `Runtime::wait_imm(imm, pieces.len())`, whatever order
+    /// they land in. Each piece is one work request here (never split or merged), so it must fit
+    /// the provider's largest message.
+    pub fn write_batch_with_imm<B: IoBuf>(
+        &self,
+        buf: B,
+        remote: &RemoteBuf,
+        pieces: &Pieces,
+        imm: u64,
+    ) -> Op<B> {
+        self.batch(OpKind::WriteImm, buf, remote, pieces, Some(imm))
+    }
+
+    /// Read `pieces` of `remote` into `buf` (one-sided) as one op; as
+    /// [`write_batch`](Self::write_batch) with the direction reversed.
+    pub fn read_batch<B: IoBufMut>(&self, buf: B, remote: &RemoteBuf, pieces: &Pieces) -> Op<B> {
+        self.batch(OpKind::Read, buf, remote, pieces, None)
+    }
+
+    fn batch<B: IoBuf>(
+        &self,
+        op: OpKind,
+        buf: B,
+        remote: &RemoteBuf,
+        pieces: &Pieces,
+        imm: Option<u64>,
+    ) -> Op<B> {
+        let caps = self.rt.caps();
+        let owner = if buf.runtime_id() == self.rt.id() {
+            Ok(())
+        } else {
+            Err(Error::invalid(op, "buffer is registered with another runtime"))
+        };
+        let layout = owner
+            .and_then(|_| self.check_remote(op, remote))
+            .and_then(|_| self.check_imm(op, imm))
+            .and_then(|_| {
+                let max = caps.max_msg_size;
+                Layout::new(op, pieces, buf.bytes_len(), remote.len(), caps.iov_limit, max, imm.is_some())
+            })
+            .and_then(|l| match pieces.iter().position(|p| imm.is_some() && p.len > caps.max_msg_size) {
+                Some(i) => Err(Error::invalid(
+                    op,
+                    format!(
+                        "piece {i} carries an immediate value and exceeds the provider's largest message"
+                    ),
+                )),
+                None => Ok(l),
+            });
+        let layout = match layout {
+            Ok(l) => l,
+            Err(e) => return Op::failed(e, buf, len_of),
+        };
+        let (remote_addr, key) = (remote.addr(), remote.key());
+        let kind = match op {
+            OpKind::Read => WrKind::Read { remote_addr, key },
+            _ => WrKind::Write { remote_addr, key, imm },
+        };
+        self.submit_with(op, buf, kind, Some(Arc::new(layout)))
+    }
+
     /// Send `buf` as one message; the peer's `recv` gets it.
     pub fn send<B: IoBuf>(&self, buf: B) -> Op<B> {
         self.two_sided(OpKind::Send, buf, WrKind::Send { imm: None })
@@ -90,8 +164,9 @@ impl Endpoint {
         if one_sided && len == 0 {
             return Err(Error::invalid(op, "a zero-length one-sided op moves nothing"));
         }
-        // One-sided ops are split into chunks the provider takes; a message cannot be split.
-        if !one_sided && len > max {
+        // One-sided ops are split into chunks the provider takes; a message cannot be split,
+        // nor a write whose immediate value must raise exactly one event.
+        if (!one_sided || op == OpKind::WriteImm) && len > max {
             return Err(Error::invalid(
                 op,
                 format!("{len} bytes exceed the provider's largest message ({max} bytes)"),
@@ -155,6 +230,10 @@ impl Endpoint {
     }
 
     fn submit<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
+        self.submit_with(op, buf, kind, None)
+    }
+
+    fn submit_with<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind, batch: Option<Arc<Layout>>) -> Op<B> {
         let seg = buf.seg();
         let cell = OpCell::new(buf);
         let req = OpReq {
@@ -166,6 +245,7 @@ impl Endpoint {
             cell: cell.clone(),
             tenant: 0,
             class: None,
+            batch,
         };
         Op::new(self.rt.clone(), req, cell, len_of)
     }

@@ -177,6 +177,14 @@ pub enum Error {
         /// The I/O error.
         source: io::Error,
     },
+    /// A batch transfer failed at one of its pieces (the first that failed).
+    #[error("piece {piece} of the batch: {source}")]
+    Batch {
+        /// Index of the piece in the batch.
+        piece: usize,
+        /// What went wrong with it.
+        source: Box<Error>,
+    },
     /// The runtime shut down before the operation completed.
     #[error("{op}: runtime shut down")]
     Shutdown {
@@ -199,12 +207,16 @@ impl Error {
             | Error::Io { op, .. }
             | Error::Shutdown { op } => *op,
             Error::ProviderUnavailable { .. } => OpKind::Open,
+            Error::Batch { source, .. } => source.op(),
         }
     }
 
     /// True for errors that mean the peer is gone.
     pub fn is_peer_lost(&self) -> bool {
-        matches!(self, Error::PeerLost { .. })
+        match self {
+            Error::Batch { source, .. } => source.is_peer_lost(),
+            e => matches!(e, Error::PeerLost { .. }),
+        }
     }
 
     pub(crate) fn from_transport(op: OpKind, peer: &str, e: TransportError) -> Error {

@@ -14,6 +14,7 @@
 //!
 //! Backends implement [`Transport`]: `rdmalane-efa` (libfabric: efa, shm, tcp;ofi_rxm) and
 //! `rdmalane-verbs`.
+mod batch;
 mod bootstrap;
 pub mod buf;
 mod endpoint;
@@ -28,11 +29,12 @@ pub mod sched;
 mod stats;
 pub mod transport;
 
+pub use batch::{Piece, Pieces};
 pub use bootstrap::Listener;
 pub use buf::{ExposedBuf, IoBuf, IoBufMut, RegisteredBuf, Slice};
 pub use endpoint::Endpoint;
 pub use error::{BufResult, Error, FailureClass, OpKind, Result, TransportError};
-pub use imm::{ImmEvent, NextImm};
+pub use imm::{ImmEvent, NextImm, WaitImm};
 pub use op::Op;
 pub use recv_stream::{RecvMsg, RecvStream};
 pub use remote::RemoteBuf;

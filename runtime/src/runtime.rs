@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::buf::{ExposedBuf, IoBuf, RegisteredBuf};
 use crate::error::{Error, OpKind, Result, TransportError};
-use crate::imm::{ImmEvent, ImmQueue, NextImm};
+use crate::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::reactor::cmd::{Cmd, OpReq};
 use crate::reactor::thread::{self, Idle, IdlePolicy};
 use crate::reactor::Reactor;
@@ -326,6 +326,18 @@ impl Runtime {
     /// The next immediate value a peer's `write_with_imm` raised here.
     pub fn next_imm(&self) -> NextImm {
         NextImm { q: self.inner.imm.clone() }
+    }
+
+    /// Resolves once `n` immediate events with value `tag` have arrived (from writes or batch
+    /// pieces, in any order), and takes them: `next_imm` will not return them. Dropping the
+    /// future takes nothing.
+    pub fn wait_imm(&self, tag: u64, n: usize) -> WaitImm {
+        WaitImm { q: self.inner.imm.clone(), tag, n: n as u64 }
+    }
+
+    /// Immediate events with value `tag` that have arrived and not been taken.
+    pub fn imm_count(&self, tag: u64) -> u64 {
+        self.inner.imm.count(tag)
     }
 
     /// An immediate event if one has arrived.

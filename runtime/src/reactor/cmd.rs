@@ -3,6 +3,7 @@ use std::any::Any;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 
+use crate::batch::Layout;
 use crate::error::{OpKind, TransportError};
 use crate::op::Complete;
 use crate::sched::{Class, TenantId};
@@ -19,6 +20,15 @@ pub(crate) struct OpReq {
     pub tenant: TenantId,
     /// `None`: by size (the scheduler's latency threshold).
     pub class: Option<Class>,
+    /// The pieces of a batch transfer; `None` for a plain op over all of `seg`.
+    pub batch: Option<Arc<Layout>>,
+}
+
+impl OpReq {
+    /// Bytes the op moves.
+    pub fn len(&self) -> usize {
+        self.batch.as_ref().map_or(self.seg.len, |b| b.total)
+    }
 }
 
 /// A lane just opened, with its address for the peer.

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
+use crate::batch::MAX_SGE;
 use crate::buf::lease;
 use crate::error::{Error, OpKind, TransportError};
 use crate::imm::ImmQueue;
@@ -104,17 +105,40 @@ fn resolve(counters: &Counters, cell: &Arc<dyn Complete>, res: Result<Done, Erro
     cell.complete(res);
 }
 
-/// The work request for `len` bytes at `offset` into an op.
-fn piece(kind: WrKind, seg: LocalSeg, offset: usize, len: usize) -> (WrKind, LocalSeg) {
-    let seg = LocalSeg { ptr: seg.ptr.wrapping_add(offset), len, desc: seg.desc };
-    let kind = match kind {
-        WrKind::Write { remote_addr, key, imm } => {
-            WrKind::Write { remote_addr: remote_addr + offset as u64, key, imm }
+/// The work request for `len` bytes at op offset `offset`: its kind (remote address moved to
+/// the piece) and its local segments, written to `segs`; returns how many.
+fn piece(req: &OpReq, offset: usize, len: usize, segs: &mut [LocalSeg; MAX_SGE]) -> (WrKind, usize) {
+    let (remote_off, n) = match &req.batch {
+        Some(b) => b.segments(req.seg, offset, len, segs),
+        None => {
+            segs[0] = LocalSeg { ptr: req.seg.ptr.wrapping_add(offset), len, desc: req.seg.desc };
+            (offset as u64, 1)
         }
-        WrKind::Read { remote_addr, key } => WrKind::Read { remote_addr: remote_addr + offset as u64, key },
+    };
+    let kind = match req.kind {
+        WrKind::Write { remote_addr, key, imm } => {
+            WrKind::Write { remote_addr: remote_addr + remote_off, key, imm }
+        }
+        WrKind::Read { remote_addr, key } => WrKind::Read { remote_addr: remote_addr + remote_off, key },
         other => other,
     };
-    (kind, seg)
+    (kind, n)
+}
+
+/// Record a chunk's failure on its op, naming the batch piece it belongs to. Of several failed
+/// pieces the lowest is kept: completions come in no particular order, and the first piece to
+/// fail is the likelier cause (later ones often fail because the connection went with it).
+fn note_chunk_error(h: &mut Held, offset: usize, e: Error) {
+    let Some(b) = &h.req.batch else {
+        h.error.get_or_insert(e);
+        return;
+    };
+    let piece = b.piece_at(offset);
+    match &h.error {
+        Some(Error::Batch { piece: p, .. }) if *p <= piece => {}
+        Some(e) if !matches!(e, Error::Batch { .. }) => {}
+        _ => h.error = Some(Error::Batch { piece, source: Box::new(e) }),
+    }
 }
 
 impl Reactor {
@@ -213,8 +237,11 @@ impl Reactor {
             self.direct.push_back(req);
             return;
         }
-        let class = req.class.unwrap_or_else(|| self.sched.config().default_class(req.seg.len));
-        if class == Class::Latency && self.sched.is_empty() && req.seg.len <= self.sched.config().chunk_size {
+        let len = req.len();
+        let class = req.class.unwrap_or_else(|| self.sched.config().default_class(len));
+        let plain = req.batch.is_none();
+        if class == Class::Latency && plain && self.sched.is_empty() && len <= self.sched.config().chunk_size
+        {
             self.sched.note_latency();
             self.direct.push_back(req);
             return;
@@ -229,7 +256,11 @@ impl Reactor {
             (true, Class::Bulk) if p.lane_ids.len() > 1 => p.bulk_lanes.clone(),
             (true, _) => p.lane_ids.clone(),
         };
-        let spec = OpSpec { tenant: req.tenant, class, len: req.seg.len, lanes, splittable: one_sided };
+        // An immediate value raises one event per work request: ops carrying one are never split
+        // (a batch's pieces each carry it, one work request apiece).
+        let imm = matches!(req.kind, WrKind::Write { imm: Some(_), .. });
+        let cuts = req.batch.as_ref().map(|b| b.cuts.clone());
+        let spec = OpSpec { tenant: req.tenant, class, len, lanes, splittable: one_sided && !imm, cuts };
         let id = self.sched.push(spec);
         if self.held.len() <= id.0 {
             self.held.resize_with(id.0 + 1, || None);
@@ -365,7 +396,7 @@ impl Reactor {
             return;
         };
         if done.ok {
-            resolve(&self.counters, &h.req.cell, Ok(Done { len: h.req.seg.len, imm: None }));
+            resolve(&self.counters, &h.req.cell, Ok(Done { len: h.req.len(), imm: None }));
         } else if let Some(e) = h.error {
             resolve(&self.counters, &h.req.cell, Err(e));
         } else {
@@ -377,25 +408,26 @@ impl Reactor {
     fn post(&mut self) -> bool {
         let mut work = self.post_direct();
         self.chunks.clear();
-        self.sched.next(&mut self.chunks, POST_BATCH);
+        self.sched.next(&mut self.chunks, self.sched.config().post_batch.max(1));
         let mut chunks = std::mem::take(&mut self.chunks);
-        let mut stop = false;
-        for (i, &c) in chunks.iter().enumerate() {
-            work = true;
-            if stop {
-                self.sched.unissue(c);
-                continue;
-            }
+        work |= !chunks.is_empty();
+        // First the chunks whose op is gone or whose peer is lost go back; the rest are posted
+        // together, each but the last flagged `more` so the provider may ring once.
+        let mut i = 0;
+        while i < chunks.len() {
+            let c = chunks[i];
+            let last_of_op = !chunks[i + 1..].iter().any(|x| x.op == c.op);
             let h = self.held[c.op.0].as_ref().expect("scheduled ops are held");
             // Only the reactor holds the cell (here and in its posted chunks): the future was
             // dropped. Withdraw the rest.
             if Arc::strong_count(&h.req.cell) == 1 + h.posted {
                 self.sched.unissue(c);
-                if !chunks[i + 1..].iter().any(|x| x.op == c.op) {
+                if last_of_op {
                     if let Some(done) = self.sched.cancel(c.op) {
                         self.finish_op(done);
                     }
                 }
+                chunks.remove(i);
                 continue;
             }
             let p = &self.peers[h.req.peer];
@@ -403,15 +435,22 @@ impl Reactor {
                 let h = self.held[c.op.0].as_mut().expect("held");
                 h.error.get_or_insert(Error::PeerLost { op: h.req.op, peer, reason });
                 self.sched.unissue(c);
-                if !chunks[i + 1..].iter().any(|x| x.op == c.op) {
+                if last_of_op {
                     if let Some(done) = self.sched.fail(c.op) {
                         self.finish_op(done);
                     }
                 }
+                chunks.remove(i);
                 continue;
             }
+            i += 1;
+        }
+        let mut segs = [LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 }; MAX_SGE];
+        for (i, &c) in chunks.iter().enumerate() {
+            let h = self.held[c.op.0].as_ref().expect("held");
+            let p = &self.peers[h.req.peer];
             let peer_addr = p.addr_on(c.lane);
-            let (kind, seg) = piece(h.req.kind, h.req.seg, c.offset, c.len);
+            let (kind, n) = piece(&h.req, c.offset, c.len, &mut segs);
             let entry = self.inflight.vacant_entry();
             self.generation += 1;
             let id = (self.generation << 24) | entry.key() as u64;
@@ -420,8 +459,8 @@ impl Reactor {
                 lane: c.lane,
                 peer: peer_addr,
                 kind,
-                local: std::slice::from_ref(&seg),
-                more: false,
+                local: &segs[..n],
+                more: i + 1 < chunks.len(),
             };
             match lease::post(self.t.as_mut(), &wr) {
                 Ok(Posted::Queued) => {
@@ -441,13 +480,15 @@ impl Reactor {
                     }
                 }
                 Err(PostError::Again) => {
-                    self.sched.unissue(c);
-                    stop = true;
+                    // The queue is full: this chunk and the rest go back, to be posted first.
+                    chunks[i..].iter().for_each(|&c| self.sched.unissue(c));
+                    break;
                 }
                 Err(PostError::Failed(e)) => {
                     let h = self.held[c.op.0].as_mut().expect("held");
                     let label = &self.peers[h.req.peer].label;
-                    h.error.get_or_insert(Error::from_transport(h.req.op, label, e));
+                    let e = Error::from_transport(h.req.op, label, e);
+                    note_chunk_error(h, c.offset, e);
                     if let Some(done) = self.sched.complete(c, false) {
                         self.finish_op(done);
                     }
@@ -562,7 +603,7 @@ impl Reactor {
                 let ok = err.is_none();
                 if let Some(e) = err {
                     if let Some(h) = self.held[c.op.0].as_mut() {
-                        h.error.get_or_insert(e);
+                        note_chunk_error(h, c.offset, e);
                     }
                 }
                 if let Some(done) = self.sched.complete(c, ok) {

@@ -20,6 +20,17 @@ pub enum Mode {
     Fifo,
 }
 
+/// How bulk chunks spread over an op's lanes (and so over rails, whose lanes they are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stripe {
+    /// Each chunk goes to the next lane in turn that has room.
+    #[default]
+    RoundRobin,
+    /// Each chunk goes to the lane with the fewest bulk bytes in flight (evens out rails of
+    /// different speeds).
+    Bytes,
+}
+
 /// Scheduler settings; environment variables override the defaults (see [`SchedConfig::from_env`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedConfig {
@@ -56,6 +67,12 @@ pub struct SchedConfig {
     /// Bulk chunks handed out per `next` call. Posting can cost a copy of the chunk (tcp, shm);
     /// the reactor reaps between rounds, so latency work gets in between bulk chunks.
     pub bulk_per_round: usize,
+    /// Work requests posted per round at most (lazy batched posting: one doorbell for the
+    /// lot where the provider defers it). While no latency work is active, bulk takes all of
+    /// them; otherwise `bulk_per_round`.
+    pub post_batch: usize,
+    /// How bulk chunks spread over lanes and rails.
+    pub stripe: Stripe,
 }
 
 impl Default for SchedConfig {
@@ -71,6 +88,8 @@ impl Default for SchedConfig {
             nic_wrs: 1024,
             min_bulk_share: 0.1,
             bulk_per_round: 1,
+            post_batch: 32,
+            stripe: Stripe::RoundRobin,
             max_message: usize::MAX,
             idle_after_chunks: 256,
             idle_chunk_size: 1 << 20,
@@ -82,7 +101,8 @@ impl Default for SchedConfig {
 impl SchedConfig {
     /// The defaults with overrides from `RDMALANE_SCHEDULER` (`fair`|`fifo`),
     /// `RDMALANE_CHUNK_SIZE`, `RDMALANE_LATENCY_THRESHOLD`, `RDMALANE_LANE_BYTES`,
-    /// `RDMALANE_TENANT_BYTES`, `RDMALANE_NIC_BYTES`, `RDMALANE_MIN_BULK_SHARE`.
+    /// `RDMALANE_TENANT_BYTES`, `RDMALANE_NIC_BYTES`, `RDMALANE_MIN_BULK_SHARE`,
+    /// `RDMALANE_POST_BATCH`, `RDMALANE_STRIPE` (`rr`|`bytes`).
     pub fn from_env() -> SchedConfig {
         let mut c = SchedConfig::default();
         c.apply_env();
@@ -113,6 +133,16 @@ impl SchedConfig {
         }
         if let Some(v) = num("RDMALANE_NIC_BYTES") {
             self.nic_bytes = v.max(1);
+        }
+        if let Some(v) = num("RDMALANE_POST_BATCH") {
+            self.post_batch = v.max(1);
+        }
+        if let Ok(m) = std::env::var("RDMALANE_STRIPE") {
+            match m.as_str() {
+                "rr" | "round-robin" => self.stripe = Stripe::RoundRobin,
+                "bytes" => self.stripe = Stripe::Bytes,
+                other => tracing::warn!(value = other, "RDMALANE_STRIPE is rr or bytes; ignored"),
+            }
         }
         if let Some(v) = std::env::var("RDMALANE_MIN_BULK_SHARE").ok().and_then(|v| v.parse::<f64>().ok()) {
             self.min_bulk_share = v.clamp(0.0, 1.0);

@@ -15,5 +15,5 @@ mod scheduler;
 #[cfg(test)]
 mod tests;
 
-pub use config::{Class, Mode, SchedConfig, TenantId};
+pub use config::{Class, Mode, SchedConfig, Stripe, TenantId};
 pub use scheduler::{Chunk, LaneId, OpDone, OpId, OpSpec, Scheduler};

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use slab::Slab;
 
-use super::config::{Class, Mode, SchedConfig, TenantId};
+use super::config::{Class, Mode, SchedConfig, Stripe, TenantId};
 
 /// An op inside the scheduler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -26,6 +26,9 @@ pub struct OpSpec {
     pub lanes: Arc<[LaneId]>,
     /// Whether it may be split (one-sided ops may; a message may not).
     pub splittable: bool,
+    /// Offsets no chunk may span (sorted, ascending): where a batch's pieces that cannot share
+    /// a work request meet. With `splittable` false each stretch between cuts is one chunk.
+    pub cuts: Option<Arc<[usize]>>,
 }
 
 /// A piece of an op to post now.
@@ -57,6 +60,7 @@ struct OpState {
     len: usize,
     lanes: Arc<[LaneId]>,
     splittable: bool,
+    cuts: Option<Arc<[usize]>>,
     /// Next offset never issued.
     issued: usize,
     /// Ranges issued and handed back (post refused): issued again first.
@@ -180,6 +184,7 @@ impl Scheduler {
             len: spec.len,
             lanes: spec.lanes,
             splittable: spec.splittable,
+            cuts: spec.cuts,
             issued: 0,
             returned: Vec::new(),
             outstanding: 0,
@@ -256,6 +261,9 @@ impl Scheduler {
         }
         let start = out.len();
         let mut bulk = 0;
+        // Bulk alone may fill the round; with latency work about, it gets a chunk or so per
+        // round so the reactor reaps (and serves latency) in between.
+        let bulk_cap = if self.latency_active() { self.cfg.bulk_per_round } else { max };
         while out.len() - start < max {
             let progressed = match self.cfg.mode {
                 Mode::Fifo => self.next_fifo(out),
@@ -267,7 +275,7 @@ impl Scheduler {
                     };
                     order.into_iter().any(|class| match class {
                         Class::Latency => self.next_latency(out),
-                        Class::Bulk if bulk < self.cfg.bulk_per_round => {
+                        Class::Bulk if bulk < bulk_cap => {
                             let ok = self.next_bulk(out);
                             bulk += ok as usize;
                             ok
@@ -390,18 +398,16 @@ impl Scheduler {
         }
     }
 
-    /// The op's next lane in rotation that has room.
+    /// The op's next lane that has room: in rotation, or the least loaded by bytes.
     fn bulk_lane(&mut self, id: OpId) -> Option<LaneId> {
         let o = &self.ops[id.0];
         let n = o.lanes.len();
-        for k in 0..n {
-            let lane = o.lanes[(o.rr + k) % n];
-            let l = self.lane_load(lane);
-            if l.bulk < self.cfg.lane_bytes * self.budget_factor() && l.wrs < self.cfg.lane_wrs {
-                return Some(lane);
-            }
+        let room = |l: Load| l.bulk < self.cfg.lane_bytes * self.budget_factor() && l.wrs < self.cfg.lane_wrs;
+        let mut open = (0..n).map(|k| o.lanes[(o.rr + k) % n]).filter(|&lane| room(self.lane_load(lane)));
+        match self.cfg.stripe {
+            Stripe::RoundRobin => open.next(),
+            Stripe::Bytes => open.min_by_key(|&lane| self.lane_load(lane).bulk),
         }
-        None
     }
 
     /// Cut the next piece (at most `max` bytes) of `id` for `lane`, and account for it.
@@ -416,7 +422,12 @@ impl Scheduler {
             Some(r) => r,
             None => {
                 let off = o.issued;
-                let len = (o.len - off).min(max);
+                let end = match &o.cuts {
+                    // The first cut past `off` ends the stretch this chunk may cover.
+                    Some(cuts) => cuts.get(cuts.partition_point(|&c| c <= off)).copied().unwrap_or(o.len),
+                    None => o.len,
+                };
+                let len = (end.min(o.len) - off).min(max);
                 o.issued += len;
                 (off, len)
             }

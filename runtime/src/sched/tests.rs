@@ -19,7 +19,7 @@ fn cfg() -> SchedConfig {
 }
 
 fn bulk(tenant: TenantId, len: usize, lanes: Vec<LaneId>) -> OpSpec {
-    OpSpec { tenant, class: Class::Bulk, len, lanes: lanes.into(), splittable: true }
+    OpSpec { tenant, class: Class::Bulk, len, lanes: lanes.into(), splittable: true, cuts: None }
 }
 
 /// Run until `stop` or nothing moves; completes the oldest chunk each step unless `order`
@@ -73,7 +73,7 @@ proptest! {
         let mut lens = HashMap::new();
         for (t, len, small, lanes) in ops {
             let class = if small { Class::Latency } else { Class::Bulk };
-            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).collect::<Vec<_>>().into(), splittable: true });
+            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).collect::<Vec<_>>().into(), splittable: true, cuts: None });
             lens.insert(id, len);
         }
         for i in order {
@@ -98,6 +98,46 @@ proptest! {
         prop_assert_eq!(sim.done.len(), lens.len());
         prop_assert!(sim.done.iter().all(|d| d.ok));
         prop_assert!(sim.s.is_empty());
+    }
+
+    /// A batch's cuts: no chunk spans one, each stretch is covered once, and an unsplittable
+    /// batch (pieces carrying an immediate) gets exactly one chunk per stretch.
+    #[test]
+    fn chunks_never_cross_a_cut(
+        stretches in proptest::collection::vec(1usize..3000, 1..20),
+        splittable: bool,
+        order in proptest::collection::vec(any::<usize>(), 0..100),
+        stripe_bytes: bool,
+    ) {
+        let mut c = cfg();
+        if stripe_bytes { c.stripe = Stripe::Bytes; }
+        let mut sim = Sim::new(c);
+        let mut cuts = Vec::new();
+        let mut at = 0;
+        for l in &stretches {
+            at += l;
+            cuts.push(at);
+        }
+        let len = cuts.pop().expect("one stretch at least");
+        let spec = OpSpec { cuts: Some(cuts.clone().into()), splittable, ..bulk(0, len, vec![0, 1, 2]) };
+        sim.s.push(spec);
+        for i in order {
+            sim.fill();
+            sim.complete_at(i, true);
+        }
+        sim.drain();
+        let mut r: Vec<(usize, usize)> = sim.posted.iter().map(|c| (c.offset, c.len)).collect();
+        r.sort();
+        let mut at = 0;
+        for (off, l) in &r {
+            prop_assert_eq!(*off, at);
+            prop_assert!(!cuts.iter().any(|&c| c > *off && c < off + l), "chunk {}+{} crosses a cut", off, l);
+            at += l;
+        }
+        prop_assert_eq!(at, len);
+        if !splittable {
+            prop_assert_eq!(r.len(), stretches.len());
+        }
     }
 
     #[test]
@@ -207,6 +247,7 @@ fn a_latency_op_goes_before_any_further_bulk_and_waits_for_at_most_the_budget() 
         len: 16,
         lanes: vec![0, 1].into(),
         splittable: false,
+        cuts: None,
     });
     sim.complete_at(0, true);
     let mut out = Vec::new();
@@ -229,6 +270,7 @@ fn bulk_is_not_starved_by_a_latency_flood() {
                 len: 1000,
                 lanes: vec![0].into(),
                 splittable: false,
+                cuts: None,
             });
         }
         sim.fill();
@@ -254,6 +296,7 @@ fn small_ops_are_never_split_and_messages_never_are() {
         len: 999,
         lanes: vec![0].into(),
         splittable: true,
+        cuts: None,
     });
     let b = sim.s.push(OpSpec {
         tenant: 0,
@@ -261,6 +304,7 @@ fn small_ops_are_never_split_and_messages_never_are() {
         len: 5000,
         lanes: vec![0].into(),
         splittable: false,
+        cuts: None,
     });
     sim.drain();
     let pieces = |id| sim.posted.iter().filter(|c| c.op == id).count();
@@ -279,6 +323,7 @@ fn fifo_posts_whole_ops_in_arrival_order() {
         len: 16,
         lanes: vec![0].into(),
         splittable: true,
+        cuts: None,
     });
     sim.fill();
     assert_eq!(sim.posted.iter().map(|c| (c.op, c.len)).collect::<Vec<_>>(), vec![(a, 50_000), (b, 16)]);
@@ -289,7 +334,14 @@ fn bulk_per_round_bounds_the_chunks_of_one_call_but_not_latency() {
     let mut s = Scheduler::new(SchedConfig { bulk_per_round: 1, ..cfg() });
     s.push(bulk(0, 100_000, vec![0]));
     for _ in 0..3 {
-        s.push(OpSpec { tenant: 1, class: Class::Latency, len: 8, lanes: vec![0].into(), splittable: false });
+        s.push(OpSpec {
+            tenant: 1,
+            class: Class::Latency,
+            len: 8,
+            lanes: vec![0].into(),
+            splittable: false,
+            cuts: None,
+        });
     }
     let mut out = Vec::new();
     s.next(&mut out, 64);
@@ -306,7 +358,14 @@ fn bulk_runs_unthrottled_until_latency_work_shows_up() {
     while let Some(c) = sim.inflight.pop_front() {
         sim.s.complete(c, true);
     }
-    sim.s.push(OpSpec { tenant: 1, class: Class::Latency, len: 8, lanes: vec![0].into(), splittable: false });
+    sim.s.push(OpSpec {
+        tenant: 1,
+        class: Class::Latency,
+        len: 8,
+        lanes: vec![0].into(),
+        splittable: false,
+        cuts: None,
+    });
     let before = sim.posted.len();
     sim.fill();
     let after: Vec<_> = sim.posted[before..].iter().filter(|c| c.len != 8).map(|c| c.len).collect();
