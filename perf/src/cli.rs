@@ -18,6 +18,34 @@ pub enum Cmd {
     Mixed(Mixed),
     /// Tenant A's bulk on many lanes against tenant B's on one: per-tenant fairness.
     Tenants(Mixed),
+    /// Scattered pages written as batches (KV-cache transfer), next to memcpy's rate.
+    Pages(PagesArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PagesArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Page size in bytes.
+    #[arg(long, default_value_t = 65536)]
+    pub page_size: usize,
+    /// Bytes to move in all.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub total: u64,
+    /// Pages per batch.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Rails (NICs / domains) the runtime spans.
+    #[arg(long, default_value_t = 1)]
+    pub rails: usize,
+    /// Each side's page pool in bytes (pages are picked from it at random). The default keeps
+    /// about the memory footprint of `bw` (a window of 16 buffers, 1 MiB at 64 KiB), so the two
+    /// compare the transfer path; larger pools measure memory bandwidth (see memcpy_gbps).
+    #[arg(long, default_value_t = 512 << 10)]
+    pub pool_bytes: usize,
+    /// Every page carries an immediate value; the receiver counts them.
+    #[arg(long)]
+    pub imm: bool,
 }
 
 /// The scheduler mode to run with.

@@ -127,7 +127,7 @@ fn tokio_rt() -> Result<tokio::runtime::Runtime, BoxErr> {
 }
 
 fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
-    build_rt_with(a, rdmalane::sched::SchedConfig::default(), 1)
+    build_rt_with(a, rdmalane::sched::SchedConfig::default(), 1, 1)
 }
 
 /// A runtime for the benchmarks: the inline driver (the benchmark thread drives the reactor).
@@ -135,13 +135,15 @@ pub fn build_rt_with(
     a: &Common,
     sched: rdmalane::sched::SchedConfig,
     lanes: usize,
+    rails: usize,
 ) -> Result<Runtime, BoxErr> {
     let mut b = Runtime::builder()
         .backend(rdmalane_efa::Libfabric)
         .provider(&a.provider)
         .driver(Driver::Inline)
         .scheduler(sched)
-        .lanes(lanes);
+        .lanes(lanes)
+        .rails(rails);
     if let Some(n) = &a.node {
         b = b.node(n);
     }

@@ -8,6 +8,7 @@ mod cli;
 mod conn;
 mod lat;
 mod mixed;
+mod pages;
 mod report;
 mod tenants;
 
@@ -24,6 +25,7 @@ fn main() {
         cli::Cmd::Bw(a) => bw::run(a),
         cli::Cmd::Mixed(a) => mixed::run(a),
         cli::Cmd::Tenants(a) => tenants::run(a),
+        cli::Cmd::Pages(p) => pages::run(p),
     };
     if let Err(e) = result {
         eprintln!("rdmalane-perf: {e}");

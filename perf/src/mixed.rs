@@ -56,7 +56,7 @@ pub fn server_args(m: &Mixed) -> Vec<String> {
 pub fn serve(m: &Mixed, clients: usize) -> Result<(), BoxErr> {
     let a = &m.common;
     let tokio = control_plane()?;
-    let rt = build_rt_with(a, sched_config(m), 1)?;
+    let rt = build_rt_with(a, sched_config(m), 1, 1)?;
     let eps: Vec<Endpoint> = tokio.block_on(async {
         let l = rt.listen(&a.listen).await?;
         println!("LISTENING {}", l.local_addr()?);
@@ -146,7 +146,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
         }
     };
     let tokio = control_plane()?;
-    let rt = build_rt_with(a, sched_config(m), m.lanes.unwrap_or(1))?;
+    let rt = build_rt_with(a, sched_config(m), m.lanes.unwrap_or(1), 1)?;
     let ep = tokio.block_on(rt.connect(addr.clone()))?;
     let cpu = CpuMeter::start();
     let (alone, bulk_alone, mixed, bulk_mixed) = rt.block_on(async {

@@ -25,7 +25,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
         }
     };
     let tokio = control_plane()?;
-    let rt = build_rt_with(a, sched_config(m), 1)?;
+    let rt = build_rt_with(a, sched_config(m), 1, 1)?;
     let (ep_a, ep_b) = tokio.block_on(async {
         let x = rt.connect_with_lanes(addr.clone(), lanes_a).await?;
         let y = rt.connect_with_lanes(addr.clone(), 1).await?;

@@ -17,6 +17,9 @@ use crate::sched::{SchedConfig, TenantId};
 use crate::stats::{Counters, Stats};
 use crate::transport::{Access, Backend, Caps, LaneId, MemoryRegion, Notify, TransportConfig};
 
+/// Most rails one runtime spans (a p5 host has 32 EFA NICs).
+pub const MAX_RAILS: usize = 32;
+
 /// Who drives the reactor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Driver {
@@ -130,6 +133,24 @@ impl Builder {
         self
     }
 
+    /// Span `n` rails (NICs or libfabric domains; `RDMALANE_RAILS` when unset here): every
+    /// registration is made on each, descriptors carry a key per rail, and bulk chunks stripe
+    /// over the lanes of all rails. tcp rails bind to 127.0.0.1, 127.0.0.2, ... unless
+    /// [`rail_nodes`](Self::rail_nodes) names them.
+    pub fn rails(mut self, n: usize) -> Self {
+        self.config.rails = n;
+        self
+    }
+
+    /// Local addresses, one per rail (tcp: the NICs' addresses).
+    pub fn rail_nodes<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
+        self.config.rail_nodes = nodes.into_iter().map(Into::into).collect();
+        if self.config.rails < self.config.rail_nodes.len() {
+            self.config.rails = self.config.rail_nodes.len();
+        }
+        self
+    }
+
     /// Fair-share scheduler settings (chunk size, budgets, latency threshold, fifo mode).
     /// Environment variables (`RDMALANE_SCHEDULER`, `RDMALANE_CHUNK_SIZE`, ...) override them.
     pub fn scheduler(mut self, cfg: SchedConfig) -> Self {
@@ -151,6 +172,12 @@ impl Builder {
         }
         let core = self.core.or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
         config.no_wait_object = self.driver == Driver::Inline;
+        if config.rails == 0 {
+            config.rails = std::env::var("RDMALANE_RAILS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+        }
+        if !(1..=MAX_RAILS).contains(&config.rails) {
+            return Err(Error::invalid(OpKind::Open, format!("{} rails (1 to {MAX_RAILS})", config.rails)));
+        }
         let transport = backend.open(&config)?;
         let lanes = if self.lanes != 1 {
             self.lanes

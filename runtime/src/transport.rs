@@ -248,4 +248,9 @@ pub struct TransportConfig {
     /// costs a signal per completion on some providers (tcp), so a driver that never sleeps
     /// (the inline one) goes without.
     pub no_wait_object: bool,
+    /// Rails to span (NICs, domains); 0 is taken as 1.
+    pub rails: usize,
+    /// Per-rail local addresses (tcp: one loopback or NIC address per rail). Missing entries
+    /// are the backend's choice.
+    pub rail_nodes: Vec<String>,
 }

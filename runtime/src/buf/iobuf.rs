@@ -23,3 +23,15 @@ pub unsafe trait IoBuf: Send + 'static {
 /// As [`IoBuf`]; and no one else may read or write the memory while the value is owned by an
 /// operation.
 pub unsafe trait IoBufMut: IoBuf {}
+
+// SAFETY: an `Arc` keeps its `T` alive and in place for as long as any clone lives, and gives
+// only shared access, so the memory is valid, stable and unchanged while the NIC reads it (a
+// shared buffer can be the source of writes and sends, never the target of reads or receives).
+unsafe impl<T: IoBuf + Sync> IoBuf for std::sync::Arc<T> {
+    fn seg(&self) -> LocalSeg {
+        (**self).seg()
+    }
+    fn runtime_id(&self) -> u64 {
+        (**self).runtime_id()
+    }
+}
