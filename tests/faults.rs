@@ -43,7 +43,9 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
     let target = match f {
         Forgery::WriteReadOnly => forge(d, None, None, Some(0b11)).slice(0..64).unwrap(),
         Forgery::PastTheEnd => forge(d, Some(1 << 30), None, None).slice(8192..8192 + 4096).unwrap(),
-        Forgery::BadKey => forge(d, None, Some(d.key() ^ 0x5555_5555_5555_5555), None).slice(0..64).unwrap(),
+        Forgery::BadKey => {
+            forge(d.clone(), None, Some(d.key() ^ 0x5555_5555_5555_5555), None).slice(0..64).unwrap()
+        }
         Forgery::Revoked => d.slice(0..64).unwrap(),
     };
     let kept = if matches!(f, Forgery::Revoked) { Some(region.revoke().unwrap()) } else { None };

@@ -71,7 +71,7 @@ pub fn serve(m: &Mixed, clients: usize) -> Result<(), BoxErr> {
     rt.block_on(async {
         let target = rt.expose(rt.alloc(m.bulk_size)?, Access::WRITE)?;
         let desc = target.descriptor();
-        let all: Vec<_> = eps.iter().map(|ep| echo(&rt, ep, desc)).collect();
+        let all: Vec<_> = eps.iter().map(|ep| echo(&rt, ep, desc.clone())).collect();
         for r in futures::future::join_all(all).await {
             r?;
         }

@@ -26,7 +26,7 @@ impl Transport for Null {
     fn caps(&self) -> &Caps {
         &self.caps
     }
-    fn open_lane(&mut self) -> Result<(LaneId, Vec<u8>), TransportError> {
+    fn open_lane(&mut self, _rail: usize) -> Result<(LaneId, Vec<u8>), TransportError> {
         self.lanes += 1;
         Ok((self.lanes, vec![self.lanes as u8]))
     }
@@ -35,7 +35,7 @@ impl Transport for Null {
     }
     fn close_lane(&mut self, _: LaneId) {}
     unsafe fn register(&mut self, ptr: *mut u8, _: usize, _: Access) -> Result<MemoryRegion, TransportError> {
-        Ok(MemoryRegion { id: 0, desc: 0, key: 1, remote_base: ptr as u64 })
+        Ok(MemoryRegion { id: 0, desc: 0, key: 1, remote_base: ptr as u64, rail_keys: Vec::new() })
     }
     fn deregister(&mut self, _: u64) -> Result<(), TransportError> {
         Ok(())
@@ -75,6 +75,8 @@ impl Backend for NullBackend {
             tx_depth: 1 << 16,
             rx_depth: 1 << 16,
             wait_fd: false,
+            rails: 1,
+            rail_numa: vec![None],
         };
         Ok(Box::new(Null { caps, lanes: 0, done: Vec::new() }))
     }

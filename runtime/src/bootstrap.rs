@@ -12,7 +12,7 @@ use crate::error::{Error, OpKind, Result};
 use crate::runtime::Runtime;
 
 const MAGIC: &[u8; 4] = b"RDLN";
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
 const MAX_FIELD: usize = 1024;
 const READY: u8 = 0x52;
 const HEARTBEAT: u8 = 0x48;
@@ -24,6 +24,8 @@ struct Hello {
     /// This side requires the shared secret.
     auth: bool,
     provider: String,
+    /// Rails this side spans: its lane i runs on rail `rail_of(i, rails)`.
+    rails: u8,
     /// One fabric address per lane.
     names: Vec<Vec<u8>>,
 }
@@ -127,6 +129,7 @@ fn encode(h: &Hello) -> Vec<u8> {
     out.extend_from_slice(&h.id.to_le_bytes());
     out.extend_from_slice(&h.nonce);
     out.push(u8::from(h.auth));
+    out.push(h.rails);
     out.extend_from_slice(&(h.provider.len() as u16).to_le_bytes());
     out.extend_from_slice(h.provider.as_bytes());
     out.push(h.names.len() as u8);
@@ -143,6 +146,7 @@ fn hello(rt: &Runtime, names: Vec<Vec<u8>>) -> Hello {
         nonce: rand::random(),
         auth: rt.secret().is_some(),
         provider: rt.provider().to_string(),
+        rails: rt.caps().rails.max(1) as u8,
         names,
     }
 }
@@ -179,6 +183,12 @@ async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
         return Err(format!("unknown hello flags {:#x}", flags[0]));
     }
     let auth = flags[0] == 1;
+    let mut rails = [0u8; 1];
+    s.read_exact(&mut rails).await.map_err(|e| format!("reading hello: {e}"))?;
+    if rails[0] == 0 || rails[0] as usize > crate::runtime::MAX_RAILS {
+        return Err(format!("{} rails (1 to {})", rails[0], crate::runtime::MAX_RAILS));
+    }
+    let rails = rails[0];
     let provider = read_field(s, 64).await?;
     let provider = String::from_utf8(provider).map_err(|_| "provider name is not UTF-8".to_string())?;
     let mut count = [0u8; 1];
@@ -191,7 +201,7 @@ async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
     for _ in 0..count {
         names.push(read_field(s, MAX_FIELD).await?);
     }
-    Ok(Hello { id, nonce, auth, provider, names })
+    Ok(Hello { id, nonce, auth, provider, rails, names })
 }
 
 async fn read_field(s: &mut TcpStream, max: usize) -> std::result::Result<Vec<u8>, String> {
@@ -308,7 +318,8 @@ async fn meet(
         return Err((fail(why), None));
     }
     let label = format!("{addr}#{:x}", them.id);
-    let slot = rt.add_peer(them.id, lanes, them.names, label.clone()).map_err(|e| (e, None))?;
+    let slot =
+        rt.add_peer(them.id, lanes, them.names, them.rails as usize, label.clone()).map_err(|e| (e, None))?;
     // Both sides must know each other before the first message, or a message could reach a
     // lane not yet connected.
     let sync = async {

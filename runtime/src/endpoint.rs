@@ -140,7 +140,7 @@ impl Endpoint {
             OpKind::Read => WrKind::Read { remote_addr, key },
             _ => WrKind::Write { remote_addr, key, imm },
         };
-        self.submit_with(op, buf, kind, Some(Arc::new(layout)))
+        self.submit_with(op, buf, kind, Some(Arc::new(layout)), remote.rail_keys())
     }
 
     /// Send `buf` as one message; the peer's `recv` gets it.
@@ -190,7 +190,7 @@ impl Endpoint {
             OpKind::Read => WrKind::Read { remote_addr, key },
             _ => WrKind::Write { remote_addr, key, imm },
         };
-        self.submit(op, buf, kind)
+        self.submit_with(op, buf, kind, None, remote.rail_keys())
     }
 
     fn check_remote(&self, op: OpKind, remote: &RemoteBuf) -> Result<(), Error> {
@@ -230,10 +230,17 @@ impl Endpoint {
     }
 
     fn submit<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
-        self.submit_with(op, buf, kind, None)
+        self.submit_with(op, buf, kind, None, None)
     }
 
-    fn submit_with<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind, batch: Option<Arc<Layout>>) -> Op<B> {
+    fn submit_with<B: IoBuf>(
+        &self,
+        op: OpKind,
+        buf: B,
+        kind: WrKind,
+        batch: Option<Arc<Layout>>,
+        rail_keys: Option<Arc<[u64]>>,
+    ) -> Op<B> {
         let seg = buf.seg();
         let cell = OpCell::new(buf);
         let req = OpReq {
@@ -246,6 +253,7 @@ impl Endpoint {
             tenant: 0,
             class: None,
             batch,
+            rail_keys,
         };
         Op::new(self.rt.clone(), req, cell, len_of)
     }

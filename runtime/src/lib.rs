@@ -27,6 +27,7 @@ mod remote;
 mod runtime;
 pub mod sched;
 mod stats;
+pub mod topology;
 pub mod transport;
 
 pub use batch::{Piece, Pieces};
@@ -38,6 +39,6 @@ pub use imm::{ImmEvent, NextImm, WaitImm};
 pub use op::Op;
 pub use recv_stream::{RecvMsg, RecvStream};
 pub use remote::RemoteBuf;
-pub use runtime::{Builder, Driver, Runtime, WeakRuntime};
+pub use runtime::{Builder, Driver, Runtime, WeakRuntime, MAX_RAILS};
 pub use stats::Stats;
 pub use transport::{Access, Backend, Caps, Transport, TransportConfig};

@@ -1,5 +1,6 @@
 //! Descriptors of memory a peer exposed: what a one-sided op names as its target.
 use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
 
 use crate::error::{Error, OpKind, Result};
 use crate::transport::Access;
@@ -7,24 +8,51 @@ use crate::transport::Access;
 const MAGIC: [u8; 4] = *b"RLRB";
 const VERSION: u8 = 1;
 
-/// A peer's exposed memory: owner runtime, remote address, length, key and the access granted.
-/// Serializable with [`to_bytes`](Self::to_bytes); sub-ranges by [`slice`](Self::slice), which
-/// refuses anything outside the original.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A peer's exposed memory: owner runtime, remote address, length, a key per rail and the
+/// access granted. Serializable with [`to_bytes`](Self::to_bytes); sub-ranges by
+/// [`slice`](Self::slice), which refuses anything outside the original. Cheap to clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteBuf {
     owner: u64,
     addr: u64,
     len: u64,
     key: u64,
+    /// Keys on the owner's rails 1, 2, ... (`None` with one rail).
+    rail_keys: Option<Arc<[u64]>>,
     access: Access,
 }
 
 impl RemoteBuf {
-    /// The encoded size of a descriptor.
+    /// The encoded size of a one-rail descriptor.
     pub const ENCODED_LEN: usize = 4 + 1 + 1 + 2 + 8 * 4;
+    /// The largest encoded size (a descriptor with a key on each of `MAX_RAILS` rails).
+    pub const MAX_ENCODED_LEN: usize = Self::ENCODED_LEN + 8 * (crate::runtime::MAX_RAILS - 1);
 
-    pub(crate) fn new(owner: u64, addr: u64, len: u64, key: u64, access: Access) -> RemoteBuf {
-        RemoteBuf { owner, addr, len, key, access }
+    pub(crate) fn new(owner: u64, addr: u64, len: u64, keys: &[u64], access: Access) -> RemoteBuf {
+        let rail_keys = (keys.len() > 1).then(|| keys[1..].into());
+        RemoteBuf { owner, addr, len, key: keys.first().copied().unwrap_or(0), rail_keys, access }
+    }
+
+    /// The size of this descriptor on the wire.
+    pub fn encoded_len(&self) -> usize {
+        Self::ENCODED_LEN + 8 * self.rail_keys.as_ref().map_or(0, |k| k.len())
+    }
+
+    /// Rails the owner exposed the memory on (a key each).
+    pub fn rails(&self) -> usize {
+        1 + self.rail_keys.as_ref().map_or(0, |k| k.len())
+    }
+
+    /// The key on the owner's rail `rail`.
+    pub fn key_on(&self, rail: usize) -> Option<u64> {
+        match rail {
+            0 => Some(self.key),
+            r => self.rail_keys.as_ref()?.get(r - 1).copied(),
+        }
+    }
+
+    pub(crate) fn rail_keys(&self) -> Option<Arc<[u64]>> {
+        self.rail_keys.clone()
     }
 
     /// The id of the runtime that exposed the memory.
@@ -43,7 +71,7 @@ impl RemoteBuf {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// The remote key.
+    /// The remote key (on the owner's rail 0).
     pub fn key(&self) -> u64 {
         self.key
     }
@@ -63,7 +91,7 @@ impl RemoteBuf {
                 len: self.len,
             });
         }
-        Ok(RemoteBuf { addr: self.addr + start, len: end - start, ..*self })
+        Ok(RemoteBuf { addr: self.addr + start, len: end - start, ..self.clone() })
     }
 
     /// Check that `want` bytes at `offset` fit, for `op`.
@@ -74,24 +102,25 @@ impl RemoteBuf {
         Ok(())
     }
 
-    /// Encode for the wire.
-    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
-        let mut out = [0u8; Self::ENCODED_LEN];
+    /// Encode for the wire: 40 bytes, then 8 per rail beyond the first.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.encoded_len()];
         out[0..4].copy_from_slice(&MAGIC);
         out[4] = VERSION;
         out[5] = u8::from(self.access.remote_read) | (u8::from(self.access.remote_write) << 1);
-        // out[6..8]: reserved (rail count in later versions).
-        for (i, v) in [self.owner, self.addr, self.len, self.key].iter().enumerate() {
+        let extra = self.rail_keys.as_ref().map_or(&[][..], |k| &k[..]);
+        out[6..8].copy_from_slice(&(extra.len() as u16).to_le_bytes());
+        for (i, v) in [self.owner, self.addr, self.len, self.key].iter().chain(extra).enumerate() {
             out[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes());
         }
         out
     }
 
-    /// Decode from the wire; refuses wrong lengths, magic, versions and flags.
+    /// Decode from the wire; refuses wrong lengths, magic, versions, flags and rail counts.
     pub fn from_bytes(b: &[u8]) -> Result<RemoteBuf> {
         let bad = |why: &str| Error::invalid(OpKind::Expose, format!("remote descriptor: {why}"));
-        if b.len() != Self::ENCODED_LEN {
-            return Err(bad(&format!("{} bytes, expected {}", b.len(), Self::ENCODED_LEN)));
+        if b.len() < Self::ENCODED_LEN {
+            return Err(bad(&format!("{} bytes, expected at least {}", b.len(), Self::ENCODED_LEN)));
         }
         if b[0..4] != MAGIC {
             return Err(bad("bad magic"));
@@ -99,8 +128,20 @@ impl RemoteBuf {
         if b[4] != VERSION {
             return Err(bad(&format!("version {} (this build reads {VERSION})", b[4])));
         }
-        if b[5] & !0b11 != 0 || b[6] != 0 || b[7] != 0 {
+        if b[5] & !0b11 != 0 {
             return Err(bad("unknown flags"));
+        }
+        let extra = u16::from_le_bytes([b[6], b[7]]) as usize;
+        if extra + 1 > crate::runtime::MAX_RAILS {
+            return Err(bad(&format!("{} rails (at most {})", extra + 1, crate::runtime::MAX_RAILS)));
+        }
+        if b.len() != Self::ENCODED_LEN + 8 * extra {
+            return Err(bad(&format!(
+                "{} bytes, expected {} for {} rails",
+                b.len(),
+                Self::ENCODED_LEN + 8 * extra,
+                extra + 1
+            )));
         }
         let word = |i: usize| u64::from_le_bytes(b[8 + 8 * i..16 + 8 * i].try_into().expect("8 bytes"));
         let access = Access { remote_read: b[5] & 1 != 0, remote_write: b[5] & 2 != 0 };
@@ -108,7 +149,8 @@ impl RemoteBuf {
         if addr.checked_add(len).is_none() {
             return Err(bad("range wraps around the address space"));
         }
-        Ok(RemoteBuf { owner, addr, len, key, access })
+        let rail_keys = (extra > 0).then(|| (0..extra).map(|i| word(4 + i)).collect());
+        Ok(RemoteBuf { owner, addr, len, key, rail_keys, access })
     }
 }
 
@@ -134,19 +176,21 @@ mod tests {
 
     proptest! {
         #[test]
-        fn round_trip(owner: u64, addr in 0u64..1 << 48, len in 0u64..1 << 40, key: u64, r: bool, w: bool) {
-            let d = RemoteBuf::new(owner, addr, len, key, Access { remote_read: r, remote_write: w });
+        fn round_trip(owner: u64, addr in 0u64..1 << 48, len in 0u64..1 << 40, keys in proptest::collection::vec(any::<u64>(), 1..33), r: bool, w: bool) {
+            let d = RemoteBuf::new(owner, addr, len, &keys, Access { remote_read: r, remote_write: w });
+            prop_assert_eq!(d.rails(), keys.len());
+            prop_assert_eq!(d.key_on(keys.len() - 1), keys.last().copied());
             prop_assert_eq!(RemoteBuf::from_bytes(&d.to_bytes()).unwrap(), d);
         }
 
         #[test]
-        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
             let _ = RemoteBuf::from_bytes(&bytes);
         }
 
         #[test]
         fn slice_stays_inside(len in 0u64..1 << 20, a in 0u64..1 << 21, b in 0u64..1 << 21) {
-            let d = RemoteBuf::new(1, 4096, len, 7, Access::WRITE);
+            let d = RemoteBuf::new(1, 4096, len, &[7], Access::WRITE);
             match d.slice(a..b) {
                 Ok(s) => prop_assert!(a <= b && b <= len && s.addr() == 4096 + a && s.len() == b - a),
                 Err(Error::OutOfBounds { .. }) => prop_assert!(a > b || b > len),

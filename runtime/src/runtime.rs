@@ -170,7 +170,7 @@ impl Builder {
         if config.node.is_none() {
             config.node = std::env::var("RDMALANE_NODE").ok().filter(|s| !s.is_empty());
         }
-        let core = self.core.or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
+        let core_set = self.core.or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
         config.no_wait_object = self.driver == Driver::Inline;
         if config.rails == 0 {
             config.rails = std::env::var("RDMALANE_RAILS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
@@ -188,6 +188,18 @@ impl Builder {
             return Err(Error::invalid(OpKind::Open, format!("{lanes} lanes per peer (1 to 64)")));
         }
         let caps = transport.caps().clone();
+        // With several rails, one bulk lane per rail at least (behind the express lane).
+        let lanes = if caps.rails > 1 { lanes.max(1 + caps.rails).min(64) } else { lanes };
+        if caps.rails > 1 {
+            let groups = crate::topology::rail_groups(&caps.rail_numa);
+            if groups.len() > 1 {
+                tracing::warn!(
+                    ?groups,
+                    "rails sit on several NUMA nodes: build one runtime per group (rail_nodes) so \
+                     each reactor runs next to its NICs"
+                );
+            }
+        }
         let notifier = transport.notifier();
         let (tx, rx) = mpsc::channel();
         let imm = Arc::new(ImmQueue::default());
@@ -198,6 +210,11 @@ impl Builder {
         // Chunks must be messages the provider takes.
         sched.max_message = caps.max_msg_size.max(1);
         tracing::debug!(?sched, "scheduler");
+        // Unpinned by the caller: next to the rails' NICs where the host has several NUMA nodes.
+        let core = core_set.or_else(|| {
+            let node = caps.rail_numa.first().copied().flatten()?;
+            crate::topology::reactor_core_for(node)
+        });
         let reactor = Reactor::new(transport, rx, imm.clone(), counters.clone(), idle.clone(), sched);
         let (inline, thread) = match self.driver {
             Driver::Inline => (Some(Mutex::new(reactor)), None),
@@ -401,6 +418,12 @@ impl Runtime {
         self.inner.counters.snapshot()
     }
 
+    /// Bytes posted on each rail so far (one entry per rail).
+    pub fn rail_bytes(&self) -> Vec<u64> {
+        let rails = self.inner.caps.rails.max(1);
+        self.inner.counters.rail_bytes[..rails].iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+
     /// Run a future to completion on this thread. With [`Driver::Inline`] this thread also
     /// drives the reactor, busy-polling; otherwise it parks until woken.
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
@@ -515,10 +538,11 @@ impl Runtime {
         id: u64,
         lanes: Vec<LaneId>,
         names: Vec<Vec<u8>>,
+        rails: usize,
         label: String,
     ) -> Result<usize> {
         let peer = label.clone();
-        self.call(OpKind::Connect, |reply| Cmd::AddPeer { id, lanes, names, label, reply })?
+        self.call(OpKind::Connect, |reply| Cmd::AddPeer { id, lanes, names, rails, label, reply })?
             .map_err(|e| Error::from_transport(OpKind::Connect, &peer, e))
     }
 

@@ -26,6 +26,8 @@ pub(crate) struct Counters {
     pub failed: AtomicU64,
     pub withdrawn: AtomicU64,
     pub registrations: AtomicU64,
+    /// Bytes posted per rail (ours), for striping checks and metrics.
+    pub rail_bytes: [AtomicU64; crate::runtime::MAX_RAILS],
     /// Ops refused on the submitting thread (runtime shut down): counted as submitted and
     /// failed. Written by any thread, so kept apart from the reactor's own counters.
     pub rejected: AtomicU64,
@@ -36,6 +38,13 @@ impl Counters {
     /// plain load and store, no locked instruction on the hot path.
     pub(crate) fn add(c: &AtomicU64) {
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// Count bytes posted on `rail` (reactor only, as `add`).
+    pub(crate) fn add_rail_bytes(&self, rail: usize, n: usize) {
+        if let Some(c) = self.rail_bytes.get(rail) {
+            c.store(c.load(Ordering::Relaxed) + n as u64, Ordering::Relaxed);
+        }
     }
 
     /// Count one from any thread.

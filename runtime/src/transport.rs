@@ -56,17 +56,24 @@ pub struct Caps {
     pub rx_depth: usize,
     /// Whether the transport can sleep on a file descriptor until completions arrive.
     pub wait_fd: bool,
+    /// Rails (NICs, domains) the transport spans; lanes are opened on one each.
+    pub rails: usize,
+    /// The NUMA node of each rail's NIC, where the host has several and sysfs tells.
+    pub rail_numa: Vec<Option<usize>>,
 }
 
-/// The result of registering memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The result of registering memory (on every rail).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryRegion {
     /// Transport-local handle, passed back to `deregister`.
     pub id: u64,
-    /// The local descriptor to pass with work requests (0 when the provider needs none).
+    /// The local descriptor to pass with work requests (0 when the provider needs none). With
+    /// several rails, a handle the transport resolves to the descriptor of the lane's rail.
     pub desc: usize,
-    /// The key a peer uses to reach this region.
+    /// The key a peer uses to reach this region (on rail 0).
     pub key: u64,
+    /// The keys on rails 1, 2, ... (empty with one rail).
+    pub rail_keys: Vec<u64>,
     /// The remote address of the region's first byte as a peer must name it: the virtual
     /// address where the provider uses virtual addressing, 0 where it uses offsets.
     pub remote_base: u64,
@@ -189,8 +196,9 @@ pub trait Transport: Send {
     /// What the transport can do.
     fn caps(&self) -> &Caps;
 
-    /// Open a lane (an endpoint of its own) and return it with its address for the peer.
-    fn open_lane(&mut self) -> Result<(LaneId, Vec<u8>), TransportError>;
+    /// Open a lane (an endpoint of its own) on `rail` and return it with its address for the
+    /// peer.
+    fn open_lane(&mut self, rail: usize) -> Result<(LaneId, Vec<u8>), TransportError>;
 
     /// Point a lane at the peer's lane with address `name`; returns the peer's address to post
     /// to on this lane.

@@ -20,6 +20,19 @@ pub fn runtime(provider: &str) -> Runtime {
         .unwrap_or_else(|e| panic!("runtime on {provider}: {e}"))
 }
 
+/// A runtime on `provider` spanning `rails` rails (tcp: 127.0.0.1, 127.0.0.2, ...).
+pub fn runtime_with_rails(provider: &str, rails: usize, stripe: rdmalane::sched::Stripe) -> Runtime {
+    let sched = rdmalane::sched::SchedConfig { stripe, ..Default::default() };
+    Runtime::builder()
+        .backend(rdmalane_efa::Libfabric)
+        .provider(provider)
+        .rails(rails)
+        .scheduler(sched)
+        .idle_spin(Duration::from_micros(50))
+        .build()
+        .unwrap_or_else(|e| panic!("runtime on {provider} with {rails} rails: {e}"))
+}
+
 /// Run `f` on a fresh tokio runtime; a test that passes `secs` fails (a hang is a failure).
 pub fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
     let rt =
@@ -59,10 +72,10 @@ pub async fn pair(a: &Runtime, b: &Runtime) -> (Endpoint, Endpoint) {
 /// Hand a descriptor from `from` to `to` over the data plane.
 pub async fn share(from: &Endpoint, to: &Endpoint, desc: RemoteBuf) -> RemoteBuf {
     let (rf, rt) = (from.runtime(), to.runtime());
-    let mut msg = rf.alloc(RemoteBuf::ENCODED_LEN).expect("alloc");
+    let mut msg = rf.alloc(desc.encoded_len()).expect("alloc");
     msg.copy_from_slice(&desc.to_bytes());
     let ((s, _), (n, b)) =
-        tokio::join!(from.send(msg), to.recv(rt.alloc(RemoteBuf::ENCODED_LEN).expect("alloc")));
+        tokio::join!(from.send(msg), to.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN).expect("alloc")));
     s.expect("send descriptor");
     RemoteBuf::from_bytes(&b[..n.expect("recv descriptor")]).expect("decode")
 }

@@ -30,21 +30,33 @@ struct Ctx {
     id: u64,
 }
 
-/// One lane: an endpoint and its own completion queue.
+/// One lane: an endpoint and its own completion queue, on one rail.
 struct Lane {
     ep: *mut ffi::fid_ep,
     cq: *mut ffi::fid_cq,
     fd: Option<i32>,
     addr: Option<ffi::fi_addr_t>,
+    rail: usize,
+}
+
+/// One rail: a NIC's (or a loopback address's) fabric, domain and address vector.
+struct Rail {
+    // Kept until the fids are closed; freed after them (fields drop after Drop::drop).
+    info: InfoList,
+    fabric: *mut ffi::fid_fabric,
+    domain: *mut ffi::fid_domain,
+    av: *mut ffi::fid_av,
+}
+
+/// A registration: one libfabric MR per rail, with its local descriptor.
+struct Mr {
+    fids: Vec<*mut ffi::fid_mr>,
+    descs: Vec<usize>,
 }
 
 /// The libfabric transport: see the crate docs.
 pub struct FabricTransport {
-    // Kept until the fids are closed; freed after them (fields drop after Drop::drop).
-    _info: InfoList,
-    fabric: *mut ffi::fid_fabric,
-    domain: *mut ffi::fid_domain,
-    av: *mut ffi::fid_av,
+    rails: Vec<Rail>,
     /// One endpoint and completion queue per lane: closing a lane closes both, so nothing of a
     /// closed lane lingers in a queue another lane uses.
     lanes: Slab<Lane>,
@@ -54,7 +66,7 @@ pub struct FabricTransport {
     mr_mode: u32,
     key_mask: u64,
     delivery_complete: bool,
-    mrs: Slab<*mut ffi::fid_mr>,
+    mrs: Slab<Mr>,
     // Boxed: the provider holds their addresses while requests are posted, and the Vec grows.
     #[allow(clippy::vec_box)]
     ctxs: Vec<Box<Ctx>>,
@@ -79,13 +91,27 @@ impl FabricTransport {
     /// Open `provider` (or the preference list when `None`), binding to `node` where the
     /// provider needs an address; `wait_fd` asks for a CQ the caller can sleep on.
     pub fn open(provider: Option<&str>, node: Option<&str>, wait_fd: bool) -> Result<FabricTransport> {
+        let nodes = [node.map(String::from)];
+        Self::open_rails(provider, &nodes, 1, wait_fd)
+    }
+
+    /// Open `rails` rails of one provider: rail `r` binds to `nodes[r]` where given; otherwise
+    /// tcp takes loopback address 127.0.0.(r+1), efa the r-th NIC fi_getinfo lists, and shm a
+    /// domain of its own.
+    pub fn open_rails(
+        provider: Option<&str>,
+        nodes: &[Option<String>],
+        rails: usize,
+        wait_fd: bool,
+    ) -> Result<FabricTransport> {
+        let node0 = nodes.first().cloned().flatten();
         let (list, prov) = match provider {
-            Some(p) => info::select(p, node)?,
+            Some(p) => info::select(p, node0.as_deref())?,
             None => {
                 let mut last = None;
                 let mut found = None;
                 for p in info::PREFERENCE {
-                    match info::select(p, node) {
+                    match info::select(p, node0.as_deref()) {
                         Ok(v) => {
                             found = Some(v);
                             break;
@@ -102,16 +128,23 @@ impl FabricTransport {
                 }
             }
         };
-        Self::open_info(list, &prov, wait_fd)
+        let mut infos = vec![list];
+        for r in 1..rails.max(1) {
+            let node = match nodes.get(r).cloned().flatten() {
+                Some(n) => Some(n),
+                None if prov.starts_with("tcp") => Some(format!("127.0.0.{}", r + 1)),
+                None => None,
+            };
+            let (list, _) = info::select(&prov, node.as_deref())?;
+            infos.push(list);
+        }
+        Self::open_info(infos, &prov, wait_fd)
     }
 
-    fn open_info(list: InfoList, prov: &str, wait_fd: bool) -> Result<FabricTransport> {
-        let info = list.0;
+    fn open_info(infos: Vec<InfoList>, prov: &str, wait_fd: bool) -> Result<FabricTransport> {
+        let nrails = infos.len();
         let mut t = FabricTransport {
-            _info: list,
-            fabric: ptr::null_mut(),
-            domain: ptr::null_mut(),
-            av: ptr::null_mut(),
+            rails: Vec::with_capacity(nrails),
             lanes: Slab::new(),
             wait_fd: false,
             caps: Caps {
@@ -123,6 +156,8 @@ impl FabricTransport {
                 tx_depth: 0,
                 rx_depth: 0,
                 wait_fd: false,
+                rails: nrails,
+                rail_numa: Vec::new(),
             },
             mr_mode: 0,
             key_mask: u64::MAX,
@@ -136,43 +171,85 @@ impl FabricTransport {
             })?),
             entries: vec![ffi::fi_cq_data_entry::default(); CQ_BATCH],
         };
-        // SAFETY: `info` is the first entry of a list fi_getinfo returned, kept alive in
-        // `t.info`; every out-pointer is a field of `t`, closed in Drop in reverse order.
-        unsafe {
-            let i = &*info;
-            let (ep_attr, dom, tx, rx) = (&*i.ep_attr, &*i.domain_attr, &*i.tx_attr, &*i.rx_attr);
-            t.caps.max_msg_size = ep_attr.max_msg_size;
-            t.caps.inject_size = tx.inject_size;
-            t.caps.iov_limit = tx.iov_limit.max(1);
-            t.caps.cq_data_size = dom.cq_data_size;
-            t.caps.tx_depth = tx.size;
-            t.caps.rx_depth = rx.size;
-            t.mr_mode = dom.mr_mode as u32;
-            if dom.mr_key_size > 0 && dom.mr_key_size < 8 {
-                t.key_mask = (1u64 << (8 * dom.mr_key_size)) - 1;
-            }
-            // tcp;ofi_rxm completes plain writes when they leave; only with
-            // FI_DELIVERY_COMPLETE is the data at the target. shm and efa place data first.
-            t.delivery_complete = !(prov == "shm" || prov == "efa");
-
-            check(ffi::fi_fabric(i.fabric_attr, &mut t.fabric, ptr::null_mut()), prov, "fi_fabric")?;
-            check(ffi::fi_domain(t.fabric, info, &mut t.domain, ptr::null_mut()), prov, "fi_domain")?;
-
-            // Probe once whether this provider's CQs have a wait fd.
-            if wait_fd {
-                if let Ok((cq, fd)) = t.open_cq(true) {
-                    t.wait_fd = fd.is_some();
-                    ffi::fi_close(&mut (*cq).fid);
+        for (r, list) in infos.into_iter().enumerate() {
+            // efa lists one entry per NIC: rail r takes the r-th (all rails of one device
+            // otherwise); other providers were asked per rail with the rail's own address.
+            let mut info = list.0;
+            if prov == "efa" {
+                for _ in 0..r {
+                    // SAFETY: walking the list fi_getinfo returned; it lives in `list`.
+                    let next = unsafe { (*info).next };
+                    if next.is_null() {
+                        return Err(Error::invalid(
+                            OpKind::Open,
+                            format!("rail {r}: efa lists only {r} NICs"),
+                        ));
+                    }
+                    info = next;
                 }
             }
-            t.caps.wait_fd = t.wait_fd;
-
-            let mut av_attr =
-                ffi::fi_av_attr { type_: ffi::fi_av_type_FI_AV_TABLE, count: 64, ..Default::default() };
-            check(ffi::fi_av_open(t.domain, &mut av_attr, &mut t.av, ptr::null_mut()), prov, "fi_av_open")?;
+            let mut rail =
+                Rail { info: list, fabric: ptr::null_mut(), domain: ptr::null_mut(), av: ptr::null_mut() };
+            // SAFETY: `info` is an entry of the list fi_getinfo returned, kept alive in
+            // `rail.info`; every out-pointer is a field of `rail`, closed in Drop.
+            let opened = unsafe {
+                let i = &*info;
+                if r == 0 {
+                    let (ep_attr, dom, tx, rx) = (&*i.ep_attr, &*i.domain_attr, &*i.tx_attr, &*i.rx_attr);
+                    t.caps.max_msg_size = ep_attr.max_msg_size;
+                    t.caps.inject_size = tx.inject_size;
+                    t.caps.iov_limit = tx.iov_limit.max(1);
+                    t.caps.cq_data_size = dom.cq_data_size;
+                    t.caps.tx_depth = tx.size;
+                    t.caps.rx_depth = rx.size;
+                    t.mr_mode = dom.mr_mode as u32;
+                    if dom.mr_key_size > 0 && dom.mr_key_size < 8 {
+                        t.key_mask = (1u64 << (8 * dom.mr_key_size)) - 1;
+                    }
+                    // tcp;ofi_rxm completes plain writes when they leave; only with
+                    // FI_DELIVERY_COMPLETE is the data at the target. shm and efa place data first.
+                    t.delivery_complete = !(prov == "shm" || prov == "efa");
+                }
+                t.caps.rail_numa.push(numa_of(i));
+                check(ffi::fi_fabric(i.fabric_attr, &mut rail.fabric, ptr::null_mut()), prov, "fi_fabric")
+                    .and_then(|_| {
+                        check(
+                            ffi::fi_domain(rail.fabric, info, &mut rail.domain, ptr::null_mut()),
+                            prov,
+                            "fi_domain",
+                        )
+                    })
+                    .and_then(|_| {
+                        let mut av_attr = ffi::fi_av_attr {
+                            type_: ffi::fi_av_type_FI_AV_TABLE,
+                            count: 64,
+                            ..Default::default()
+                        };
+                        check(
+                            ffi::fi_av_open(rail.domain, &mut av_attr, &mut rail.av, ptr::null_mut()),
+                            prov,
+                            "fi_av_open",
+                        )
+                    })
+            };
+            // Pushed before checking, so Drop closes what did open.
+            t.rails.push(rail);
+            opened?;
+            // Rails keep only what every rail shares: the provider is the same on each.
+            let _ = info;
         }
+        // Probe once whether this provider's CQs have a wait fd.
+        if wait_fd {
+            if let Ok((cq, fd)) = t.open_cq(0, true) {
+                t.wait_fd = fd.is_some();
+                // SAFETY: closing the CQ just opened.
+                unsafe { ffi::fi_close(&mut (*cq).fid) };
+            }
+        }
+        t.caps.wait_fd = t.wait_fd;
         tracing::info!(
             provider = %prov,
+            rails = nrails,
             mr_mode = format!("{:#x}", t.mr_mode),
             max_msg = t.caps.max_msg_size,
             inject = t.caps.inject_size,
@@ -183,7 +260,12 @@ impl FabricTransport {
     }
 
     /// A completion queue, with a wait fd when asked for and available.
-    fn open_cq(&mut self, want_fd: bool) -> Result<(*mut ffi::fid_cq, Option<i32>), TransportError> {
+    fn open_cq(
+        &mut self,
+        rail: usize,
+        want_fd: bool,
+    ) -> Result<(*mut ffi::fid_cq, Option<i32>), TransportError> {
+        let domain = self.rails[rail].domain;
         let mut cq: *mut ffi::fid_cq = ptr::null_mut();
         let mut attr = ffi::fi_cq_attr {
             format: ffi::fi_cq_format_FI_CQ_FORMAT_DATA,
@@ -191,7 +273,7 @@ impl FabricTransport {
             ..Default::default()
         };
         // SAFETY: opening a CQ on our domain into a local out-pointer.
-        if want_fd && unsafe { ffi::fi_cq_open(self.domain, &mut attr, &mut cq, ptr::null_mut()) } == 0 {
+        if want_fd && unsafe { ffi::fi_cq_open(domain, &mut attr, &mut cq, ptr::null_mut()) } == 0 {
             let mut fd: i32 = -1;
             // SAFETY: FI_GETWAIT on an FD-wait CQ writes an int.
             let r = unsafe {
@@ -207,7 +289,7 @@ impl FabricTransport {
         // off with short sleeps instead.
         attr.wait_obj = ffi::fi_wait_obj_FI_WAIT_NONE;
         // SAFETY: as above.
-        let r = unsafe { ffi::fi_cq_open(self.domain, &mut attr, &mut cq, ptr::null_mut()) };
+        let r = unsafe { ffi::fi_cq_open(domain, &mut attr, &mut cq, ptr::null_mut()) };
         if r != 0 {
             return Err(self.err(r, "fi_cq_open"));
         }
@@ -268,16 +350,20 @@ impl Transport for FabricTransport {
         &self.caps
     }
 
-    fn open_lane(&mut self) -> Result<(LaneId, Vec<u8>), TransportError> {
-        let (cq, fd) = self.open_cq(self.wait_fd)?;
+    fn open_lane(&mut self, rail: usize) -> Result<(LaneId, Vec<u8>), TransportError> {
+        if rail >= self.rails.len() {
+            return Err(self.err(-(ffi::FI_EINVAL as i64), "open_lane: no such rail"));
+        }
+        let (cq, fd) = self.open_cq(rail, self.wait_fd)?;
+        let (domain, av, info) = (self.rails[rail].domain, self.rails[rail].av, self.rails[rail].info.0);
         let mut ep: *mut ffi::fid_ep = ptr::null_mut();
         let prov = self.caps.provider.clone();
         let step = |r: i32, what: &str| if r == 0 { Ok(()) } else { Err(terr(&prov, r, what)) };
         // SAFETY: opening an endpoint on our domain from our info, binding our AV and CQ; on
         // any failure the endpoint is closed before returning.
         let res = unsafe {
-            step(ffi::fi_endpoint(self.domain, self._info.0, &mut ep, ptr::null_mut()), "fi_endpoint")
-                .and_then(|_| step(ffi::fi_ep_bind(ep, &mut (*self.av).fid, 0), "fi_ep_bind(av)"))
+            step(ffi::fi_endpoint(domain, info, &mut ep, ptr::null_mut()), "fi_endpoint")
+                .and_then(|_| step(ffi::fi_ep_bind(ep, &mut (*av).fid, 0), "fi_ep_bind(av)"))
                 .and_then(|_| {
                     let flags = (ffi::FI_TRANSMIT | ffi::FI_RECV) as u64;
                     step(ffi::fi_ep_bind(ep, &mut (*cq).fid, flags), "fi_ep_bind(cq)")
@@ -312,7 +398,7 @@ impl Transport for FabricTransport {
             return Err(self.err(r, "fi_getname"));
         }
         buf.truncate(len);
-        Ok((self.lanes.insert(Lane { ep, cq, fd, addr: None }), buf))
+        Ok((self.lanes.insert(Lane { ep, cq, fd, addr: None, rail }), buf))
     }
 
     fn connect_lane(&mut self, lane: LaneId, name: &[u8]) -> Result<PeerAddr, TransportError> {
@@ -320,11 +406,10 @@ impl Transport for FabricTransport {
             return Err(self.err(-(ffi::FI_EINVAL as i64), "connect_lane: no such lane"));
         }
         let mut addr: ffi::fi_addr_t = 0;
+        let av = self.rails[self.lanes[lane].rail].av;
         // SAFETY: `name` is a peer address of this provider's format (the handshake checked the
         // provider); libfabric copies it.
-        let n = unsafe {
-            ffi::fi_av_insert(self.av, name.as_ptr() as *const _, 1, &mut addr, 0, ptr::null_mut())
-        };
+        let n = unsafe { ffi::fi_av_insert(av, name.as_ptr() as *const _, 1, &mut addr, 0, ptr::null_mut()) };
         if n != 1 {
             return Err(self.err(if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) }, "fi_av_insert"));
         }
@@ -333,7 +418,7 @@ impl Transport for FabricTransport {
     }
 
     fn close_lane(&mut self, lane: LaneId) {
-        let Some(Lane { ep, cq, addr, .. }) = self.lanes.try_remove(lane) else { return };
+        let Some(Lane { ep, cq, addr, rail, .. }) = self.lanes.try_remove(lane) else { return };
         // SAFETY: closing an endpoint we opened, once; libfabric discards what is posted on it.
         // Then its CQ, with whatever completions it still held.
         let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
@@ -344,7 +429,7 @@ impl Transport for FabricTransport {
         unsafe { ffi::fi_close(&mut (*cq).fid) };
         if let Some(mut a) = addr {
             // SAFETY: removing an address this AV returned.
-            unsafe { ffi::fi_av_remove(self.av, &mut a, 1, 0) };
+            unsafe { ffi::fi_av_remove(self.rails[rail].av, &mut a, 1, 0) };
         }
     }
 
@@ -356,7 +441,7 @@ impl Transport for FabricTransport {
     ) -> Result<MemoryRegion, TransportError> {
         let local = self.mr_mode & ffi::FI_MR_LOCAL != 0;
         if !access.is_remote() && !local {
-            return Ok(MemoryRegion { id: NO_MR, desc: 0, key: 0, remote_base: 0 });
+            return Ok(MemoryRegion { id: NO_MR, desc: 0, key: 0, remote_base: 0, rail_keys: Vec::new() });
         }
         let mut acs = (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64;
         if access.remote_read {
@@ -366,43 +451,63 @@ impl Transport for FabricTransport {
             acs |= ffi::FI_REMOTE_WRITE as u64;
         }
         let prov_key = self.mr_mode & ffi::FI_MR_PROV_KEY != 0;
-        let mut mr: *mut ffi::fid_mr = ptr::null_mut();
-        // Random keys where we choose them: never a guessable counter. Retry on collision.
-        let mut tries = 0;
-        loop {
-            let key = if prov_key { 0 } else { rand::random::<u64>() & self.key_mask };
-            // SAFETY: the caller keeps [ptr, ptr+len) allocated until deregister.
-            let r = unsafe {
-                ffi::fi_mr_reg(self.domain, ptr as *const _, len, acs, 0, key, 0, &mut mr, ptr::null_mut())
+        let mut m =
+            Mr { fids: Vec::with_capacity(self.rails.len()), descs: Vec::with_capacity(self.rails.len()) };
+        let mut keys = Vec::with_capacity(self.rails.len());
+        for rail in 0..self.rails.len() {
+            let domain = self.rails[rail].domain;
+            let mut mr: *mut ffi::fid_mr = ptr::null_mut();
+            // Random keys where we choose them: never a guessable counter. Retry on collision.
+            let mut tries = 0;
+            let r = loop {
+                let key = if prov_key { 0 } else { rand::random::<u64>() & self.key_mask };
+                // SAFETY: the caller keeps [ptr, ptr+len) allocated until deregister.
+                let r = unsafe {
+                    ffi::fi_mr_reg(domain, ptr as *const _, len, acs, 0, key, 0, &mut mr, ptr::null_mut())
+                };
+                tries += 1;
+                if r == 0 || r != -(ffi::FI_ENOKEY as i32) || tries > 8 {
+                    break r;
+                }
             };
-            if r == 0 {
-                break;
-            }
-            tries += 1;
-            if r != -(ffi::FI_ENOKEY as i32) || tries > 8 {
+            if r != 0 {
+                // SAFETY: closing the registrations of the rails before this one, once.
+                m.fids.iter().for_each(|&f| unsafe {
+                    ffi::fi_close(&mut (*f).fid);
+                });
                 return Err(self.err(r, "fi_mr_reg"));
             }
+            // SAFETY: mr is a valid, open registration.
+            let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
+            m.fids.push(mr);
+            m.descs.push(desc);
+            keys.push(key);
         }
-        // SAFETY: mr is a valid, open registration.
-        let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
         let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 { ptr as u64 } else { 0 };
-        let id = self.mrs.insert(mr) as u64;
-        Ok(MemoryRegion { id, desc, key, remote_base })
+        let single = m.descs[0];
+        let id = self.mrs.insert(m) as u64;
+        // One rail: the provider's descriptor itself. Several: a handle `post` resolves per lane.
+        let desc = if self.rails.len() == 1 { single } else { id as usize + 1 };
+        let key = keys[0];
+        Ok(MemoryRegion { id, desc, key, remote_base, rail_keys: keys.split_off(1) })
     }
 
     fn deregister(&mut self, id: u64) -> Result<(), TransportError> {
         if id == NO_MR {
             return Ok(());
         }
-        let Some(mr) = self.mrs.try_remove(id as usize) else {
+        let Some(m) = self.mrs.try_remove(id as usize) else {
             return Err(self.err(-(ffi::FI_ENOENT as i64), "deregister: unknown region"));
         };
-        // SAFETY: closing a registration we opened, once.
-        let r = unsafe { ffi::fi_close(&mut (*mr).fid) };
-        if r != 0 {
-            return Err(self.err(r, "fi_close(mr)"));
+        let mut res = Ok(());
+        for mr in m.fids {
+            // SAFETY: closing a registration we opened, once.
+            let r = unsafe { ffi::fi_close(&mut (*mr).fid) };
+            if r != 0 {
+                res = Err(self.err(r, "fi_close(mr)"));
+            }
         }
-        Ok(())
+        res
     }
 
     unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
@@ -412,14 +517,27 @@ impl Transport for FabricTransport {
         if n == 0 || n > iov.len().min(self.caps.iov_limit) {
             return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "scatter list length")));
         }
-        for (k, LocalSeg { ptr, len, desc: d }) in wr.local.iter().enumerate() {
-            iov[k] = libc::iovec { iov_base: *ptr as *mut _, iov_len: *len };
-            desc[k] = *d as *mut _;
-        }
-        let total: usize = wr.local.iter().map(|s| s.len).sum();
-        let Some(&Lane { ep, .. }) = self.lanes.get(wr.lane) else {
+        let Some(&Lane { ep, rail, .. }) = self.lanes.get(wr.lane) else {
             return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "post: no such lane")));
         };
+        let multi = self.rails.len() > 1;
+        for (k, LocalSeg { ptr, len, desc: d }) in wr.local.iter().enumerate() {
+            iov[k] = libc::iovec { iov_base: *ptr as *mut _, iov_len: *len };
+            desc[k] = match (*d, multi) {
+                (d, false) => d as *mut _,
+                (0, true) => ptr::null_mut(),
+                // A registration's handle: its descriptor on this lane's rail.
+                (d, true) => match self.mrs.get(d - 1) {
+                    Some(m) => m.descs[rail] as *mut _,
+                    None => {
+                        return Err(PostError::Failed(
+                            self.err(-(ffi::FI_EINVAL as i64), "post: unknown region"),
+                        ))
+                    }
+                },
+            };
+        }
+        let total: usize = wr.local.iter().map(|s| s.len).sum();
         let context = self.ctx(wr.id);
         let more = if wr.more { ffi::FI_MORE as u64 } else { 0 };
         let mut flags = ffi::FI_COMPLETION as u64 | more;
@@ -430,6 +548,10 @@ impl Transport for FabricTransport {
                 }
                 if self.delivery_complete {
                     flags |= ffi::FI_DELIVERY_COMPLETE as u64;
+                } else if total <= self.caps.inject_size {
+                    // Tiny payloads are copied at post time (inline); the completion still
+                    // says when they are at the target.
+                    flags |= ffi::FI_INJECT as u64;
                 }
                 let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
                 let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, imm.unwrap_or(0));
@@ -510,12 +632,12 @@ impl Transport for FabricTransport {
     }
 
     fn wait(&mut self, timeout: Duration) {
-        let mut fids: Vec<*mut ffi::fid> = Vec::with_capacity(self.lanes.len());
         let mut fds = Vec::with_capacity(self.lanes.len());
+        let mut by_rail: Vec<Vec<*mut ffi::fid>> = vec![Vec::new(); self.rails.len()];
         for (_, lane) in self.lanes.iter() {
             if let Some(fd) = lane.fd {
                 // SAFETY: taking the address of an open CQ's fid.
-                fids.push(unsafe { &mut (*lane.cq).fid });
+                by_rail[lane.rail].push(unsafe { &mut (*lane.cq).fid });
                 fds.push(fd);
             }
         }
@@ -523,8 +645,14 @@ impl Transport for FabricTransport {
             self.efd.wait(&[], timeout);
             return;
         }
-        // SAFETY: trywait on our open CQs; it returns 0 only when it is safe to block on them.
-        let ok = unsafe { ffi::fi_trywait(self.fabric, fids.as_mut_ptr(), fids.len() as i32) == 0 };
+        // Each rail's CQs are checked with their own fabric; blocking is safe only when every
+        // rail says so.
+        let ok = by_rail.iter_mut().zip(&self.rails).all(|(fids, rail)| {
+            // SAFETY: trywait on our open CQs of this rail; it returns 0 only when it is safe
+            // to block on them.
+            fids.is_empty()
+                || unsafe { ffi::fi_trywait(rail.fabric, fids.as_mut_ptr(), fids.len() as i32) == 0 }
+        });
         if ok {
             self.efd.wait(&fds, timeout);
         }
@@ -576,24 +704,44 @@ fn rma_msg(
 
 impl Drop for FabricTransport {
     fn drop(&mut self) {
-        // SAFETY: closing what we opened, endpoint first, each once; null means never opened.
+        // SAFETY: closing what we opened, endpoints first, each once; null means never opened.
         unsafe {
             for lane in self.lanes.drain() {
                 ffi::fi_close(&mut (*lane.ep).fid);
                 ffi::fi_close(&mut (*lane.cq).fid);
             }
-            for mr in self.mrs.drain() {
-                ffi::fi_close(&mut (*mr).fid);
+            for m in self.mrs.drain() {
+                for mr in m.fids {
+                    ffi::fi_close(&mut (*mr).fid);
+                }
             }
-            if !self.av.is_null() {
-                ffi::fi_close(&mut (*self.av).fid);
-            }
-            if !self.domain.is_null() {
-                ffi::fi_close(&mut (*self.domain).fid);
-            }
-            if !self.fabric.is_null() {
-                ffi::fi_close(&mut (*self.fabric).fid);
+            for rail in &self.rails {
+                if !rail.av.is_null() {
+                    ffi::fi_close(&mut (*rail.av).fid);
+                }
+                if !rail.domain.is_null() {
+                    ffi::fi_close(&mut (*rail.domain).fid);
+                }
+                if !rail.fabric.is_null() {
+                    ffi::fi_close(&mut (*rail.fabric).fid);
+                }
             }
         }
     }
+}
+
+/// The NUMA node of the NIC behind `info`, from sysfs (efa and verbs devices); `None` where
+/// there is no device (tcp on loopback, shm) or the host has one node.
+fn numa_of(info: &ffi::fi_info) -> Option<usize> {
+    // SAFETY: reading the domain name string of an entry fi_getinfo returned.
+    let name = unsafe {
+        let d = info.domain_attr;
+        if d.is_null() || (*d).name.is_null() {
+            return None;
+        }
+        CStr::from_ptr((*d).name).to_string_lossy().into_owned()
+    };
+    // efa domains are named after the device with a suffix: rdmap16s27-rdm.
+    let dev = name.split('-').next().unwrap_or(&name);
+    rdmalane::topology::device_numa_node(dev)
 }

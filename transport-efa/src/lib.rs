@@ -32,11 +32,12 @@ pub struct Libfabric;
 
 impl Backend for Libfabric {
     fn open(&self, config: &TransportConfig) -> rdmalane::Result<Box<dyn Transport>> {
-        let t = FabricTransport::open(
-            config.provider.as_deref(),
-            config.node.as_deref(),
-            !config.no_wait_object,
-        )?;
+        let rails = config.rails.max(1);
+        let nodes: Vec<Option<String>> = (0..rails)
+            .map(|r| config.rail_nodes.get(r).cloned().or(if r == 0 { config.node.clone() } else { None }))
+            .collect();
+        let t =
+            FabricTransport::open_rails(config.provider.as_deref(), &nodes, rails, !config.no_wait_object)?;
         Ok(Box::new(t))
     }
 }

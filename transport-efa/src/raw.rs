@@ -35,7 +35,7 @@ impl RawEngine {
     pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<RawEngine> {
         let mut t = FabricTransport::open(provider, node, false)?;
         let (lane, name) =
-            t.open_lane().map_err(|e| Error::Transport { op: OpKind::Open, peer: "-".into(), source: e })?;
+            t.open_lane(0).map_err(|e| Error::Transport { op: OpKind::Open, peer: "-".into(), source: e })?;
         Ok(RawEngine { t, lane, name, mems: Vec::new() })
     }
 

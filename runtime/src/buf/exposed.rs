@@ -26,13 +26,14 @@ impl<B: IoBuf> ExposedBuf<B> {
         }
         let seg = buf.seg();
         let mr = rt.register_region(seg.ptr, seg.len, access)?;
-        let desc = RemoteBuf::new(rt.id(), mr.remote_base, seg.len as u64, mr.key, access);
+        let keys: Vec<u64> = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).collect();
+        let desc = RemoteBuf::new(rt.id(), mr.remote_base, seg.len as u64, &keys, access);
         Ok(ExposedBuf { buf: Some(buf), mr, desc, rt: rt.clone() })
     }
 
     /// The descriptor a peer needs to reach this buffer.
     pub fn descriptor(&self) -> RemoteBuf {
-        self.desc
+        self.desc.clone()
     }
 
     /// The bytes as they are now. Peers may be writing them: read after the peer said it is done

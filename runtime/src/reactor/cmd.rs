@@ -22,6 +22,8 @@ pub(crate) struct OpReq {
     pub class: Option<Class>,
     /// The pieces of a batch transfer; `None` for a plain op over all of `seg`.
     pub batch: Option<Arc<Layout>>,
+    /// The remote region's keys on the peer's rails 1, 2, ... (`None`: one rail).
+    pub rail_keys: Option<Arc<[u64]>>,
 }
 
 impl OpReq {
@@ -63,6 +65,8 @@ pub(crate) enum Cmd {
         id: u64,
         lanes: Vec<LaneId>,
         names: Vec<Vec<u8>>,
+        /// The peer's rail count: its lane i runs on `rail_of(i, rails)`.
+        rails: usize,
         label: String,
         reply: Reply<Result<usize, TransportError>>,
     },

@@ -56,8 +56,9 @@ struct Peer {
     /// The peer runtime's id.
     id: u64,
     label: String,
-    /// Our lanes to the peer and its address on each; the first carries messages.
-    lanes: Vec<(LaneId, PeerAddr)>,
+    /// Our lanes to the peer: the lane, the peer's address on it, and the rail it runs on at
+    /// the peer (whose key a one-sided op on it must use). The first carries messages.
+    lanes: Vec<(LaneId, PeerAddr, usize)>,
     /// The same lanes, as the scheduler takes them.
     lane_ids: Arc<[LaneId]>,
     /// The first lane alone: messages go there.
@@ -70,8 +71,20 @@ struct Peer {
 }
 
 impl Peer {
-    fn addr_on(&self, lane: LaneId) -> PeerAddr {
-        self.lanes.iter().find(|(l, _)| *l == lane).map(|(_, a)| *a).expect("a lane of this peer")
+    /// The peer's address on `lane` and the peer's rail there.
+    fn route(&self, lane: LaneId) -> (PeerAddr, usize) {
+        self.lanes.iter().find(|(l, ..)| *l == lane).map(|&(_, a, r)| (a, r)).expect("a lane of this peer")
+    }
+}
+
+/// The rail lane `i` of a connection runs on, at a side with `rails` rails: the first lane
+/// (messages, the express lane) on rail 0, the bulk lanes round robin over all rails. Both
+/// sides compute it, each with the other's rail count, so keys match lanes.
+pub(crate) fn rail_of(i: usize, rails: usize) -> usize {
+    if i == 0 || rails <= 1 {
+        0
+    } else {
+        (i - 1) % rails
     }
 }
 
@@ -97,6 +110,10 @@ pub(crate) struct Reactor {
     disconnected: bool,
     counters: Arc<Counters>,
     idle: Arc<Idle>,
+    /// Rails the transport spans.
+    rails: usize,
+    /// Our rail of each open lane, indexed by lane id.
+    lane_rail: Vec<usize>,
 }
 
 /// Complete an op cell and count the outcome.
@@ -105,9 +122,16 @@ fn resolve(counters: &Counters, cell: &Arc<dyn Complete>, res: Result<Done, Erro
     cell.complete(res);
 }
 
-/// The work request for `len` bytes at op offset `offset`: its kind (remote address moved to
-/// the piece) and its local segments, written to `segs`; returns how many.
-fn piece(req: &OpReq, offset: usize, len: usize, segs: &mut [LocalSeg; MAX_SGE]) -> (WrKind, usize) {
+/// The work request for `len` bytes at op offset `offset`, going to the peer's rail
+/// `peer_rail`: its kind (remote address moved to the piece, the rail's key) and its local
+/// segments, written to `segs`; returns how many.
+fn piece(
+    req: &OpReq,
+    offset: usize,
+    len: usize,
+    peer_rail: usize,
+    segs: &mut [LocalSeg; MAX_SGE],
+) -> (WrKind, usize) {
     let (remote_off, n) = match &req.batch {
         Some(b) => b.segments(req.seg, offset, len, segs),
         None => {
@@ -115,11 +139,17 @@ fn piece(req: &OpReq, offset: usize, len: usize, segs: &mut [LocalSeg; MAX_SGE])
             (offset as u64, 1)
         }
     };
+    let rail_key = |key: u64| match (&req.rail_keys, peer_rail) {
+        (Some(keys), r) if r > 0 => keys.get(r - 1).copied().unwrap_or(key),
+        _ => key,
+    };
     let kind = match req.kind {
         WrKind::Write { remote_addr, key, imm } => {
-            WrKind::Write { remote_addr: remote_addr + remote_off, key, imm }
+            WrKind::Write { remote_addr: remote_addr + remote_off, key: rail_key(key), imm }
         }
-        WrKind::Read { remote_addr, key } => WrKind::Read { remote_addr: remote_addr + remote_off, key },
+        WrKind::Read { remote_addr, key } => {
+            WrKind::Read { remote_addr: remote_addr + remote_off, key: rail_key(key) }
+        }
         other => other,
     };
     (kind, n)
@@ -151,7 +181,6 @@ impl Reactor {
         sched: SchedConfig,
     ) -> Reactor {
         Reactor {
-            t,
             rx,
             sched: Scheduler::new(sched),
             held: Vec::new(),
@@ -164,8 +193,11 @@ impl Reactor {
             active: 0,
             generation: 0,
             disconnected: false,
+            rails: t.caps().rails.max(1),
+            lane_rail: Vec::new(),
             counters,
             idle,
+            t,
         }
     }
 
@@ -288,9 +320,16 @@ impl Reactor {
             }
             Cmd::OpenLanes { n, reply } => {
                 let mut opened = Vec::with_capacity(n);
-                for _ in 0..n {
-                    match self.t.open_lane() {
-                        Ok(l) => opened.push(l),
+                for i in 0..n {
+                    let rail = rail_of(i, self.rails);
+                    match self.t.open_lane(rail) {
+                        Ok(l) => {
+                            if self.lane_rail.len() <= l.0 {
+                                self.lane_rail.resize(l.0 + 1, 0);
+                            }
+                            self.lane_rail[l.0] = rail;
+                            opened.push(l)
+                        }
                         Err(e) => {
                             opened.iter().for_each(|(l, _)| self.t.close_lane(*l));
                             let _ = reply.send(Err(e));
@@ -300,14 +339,15 @@ impl Reactor {
                 }
                 let _ = reply.send(Ok(opened));
             }
-            Cmd::AddPeer { id, lanes, names, label, reply } => {
-                let res: Result<Vec<(LaneId, PeerAddr)>, TransportError> = lanes
+            Cmd::AddPeer { id, lanes, names, rails, label, reply } => {
+                let res: Result<Vec<(LaneId, PeerAddr, usize)>, TransportError> = lanes
                     .iter()
                     .zip(&names)
-                    .map(|(&l, name)| self.t.connect_lane(l, name).map(|a| (l, a)))
+                    .enumerate()
+                    .map(|(i, (&l, name))| self.t.connect_lane(l, name).map(|a| (l, a, rail_of(i, rails))))
                     .collect();
                 let res = res.map(|lanes| {
-                    let lane_ids: Arc<[LaneId]> = lanes.iter().map(|(l, _)| *l).collect();
+                    let lane_ids: Arc<[LaneId]> = lanes.iter().map(|(l, ..)| *l).collect();
                     let msg_lane = lane_ids[..1].into();
                     let bulk_lanes = if lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
                     let peer =
@@ -342,7 +382,7 @@ impl Reactor {
         self.fail_peer(slot, (label.clone(), reason.clone()));
         while self.reap() {}
         let lanes = std::mem::take(&mut self.peers[slot].lanes);
-        for (lane, _) in &lanes {
+        for (lane, ..) in &lanes {
             self.t.close_lane(*lane);
         }
         self.peers[slot].lost = Some(reason.clone());
@@ -448,9 +488,8 @@ impl Reactor {
         let mut segs = [LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 }; MAX_SGE];
         for (i, &c) in chunks.iter().enumerate() {
             let h = self.held[c.op.0].as_ref().expect("held");
-            let p = &self.peers[h.req.peer];
-            let peer_addr = p.addr_on(c.lane);
-            let (kind, n) = piece(&h.req, c.offset, c.len, &mut segs);
+            let (peer_addr, peer_rail) = self.peers[h.req.peer].route(c.lane);
+            let (kind, n) = piece(&h.req, c.offset, c.len, peer_rail, &mut segs);
             let entry = self.inflight.vacant_entry();
             self.generation += 1;
             let id = (self.generation << 24) | entry.key() as u64;
@@ -465,6 +504,7 @@ impl Reactor {
             match lease::post(self.t.as_mut(), &wr) {
                 Ok(Posted::Queued) => {
                     Counters::add(&self.counters.posted);
+                    self.counters.add_rail_bytes(self.lane_rail.get(c.lane).copied().unwrap_or(0), c.len);
                     let (cell, peer, op) = (h.req.cell.clone(), h.req.peer, h.req.op);
                     entry.insert(InFlight { id, cell, peer, op, len: c.len, chunk: Some(c) });
                     if let Some(h) = self.held[c.op.0].as_mut() {
@@ -517,7 +557,7 @@ impl Reactor {
                 work = true;
                 continue;
             }
-            let (lane, addr) = p.lanes[0];
+            let (lane, addr, _) = p.lanes[0];
             let entry = self.inflight.vacant_entry();
             self.generation += 1;
             let id = (self.generation << 24) | entry.key() as u64;
@@ -656,7 +696,7 @@ impl Reactor {
         // (receives, ops the deadline cut short) can give its buffer back.
         let slots: Vec<usize> = self.peers.iter().map(|(k, _)| k).collect();
         for slot in slots {
-            for (lane, _) in std::mem::take(&mut self.peers[slot].lanes) {
+            for (lane, ..) in std::mem::take(&mut self.peers[slot].lanes) {
                 self.t.close_lane(lane);
             }
         }

@@ -1,0 +1,102 @@
+//! The host's NUMA layout, from sysfs: which node a NIC sits on and which cores belong to a
+//! node, so a rail group's reactor can be pinned next to its NICs.
+use std::fs;
+
+/// The NUMA node of an RDMA device (`/sys/class/infiniband/<dev>/device/numa_node`), or of a
+/// network interface (`/sys/class/net/<dev>/device/numa_node`). `None` when unknown or when the
+/// kernel reports -1 (a host with one node).
+pub fn device_numa_node(dev: &str) -> Option<usize> {
+    if dev.is_empty() || dev.contains('/') || dev.contains("..") {
+        return None;
+    }
+    ["infiniband", "net"].iter().find_map(|class| {
+        let v = fs::read_to_string(format!("/sys/class/{class}/{dev}/device/numa_node")).ok()?;
+        v.trim().parse::<i64>().ok().filter(|&n| n >= 0).map(|n| n as usize)
+    })
+}
+
+/// The NUMA nodes of this host (`/sys/devices/system/node/node*`); `[0]` when sysfs says
+/// nothing.
+pub fn numa_nodes() -> Vec<usize> {
+    let mut nodes: Vec<usize> = fs::read_dir("/sys/devices/system/node")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("node")?.parse().ok()).collect())
+        .unwrap_or_default();
+    nodes.sort_unstable();
+    if nodes.is_empty() {
+        nodes.push(0);
+    }
+    nodes
+}
+
+/// The cores of NUMA node `node` (its `cpulist`, e.g. `0-15,32-47`).
+pub fn node_cpus(node: usize) -> Vec<usize> {
+    fs::read_to_string(format!("/sys/devices/system/node/node{node}/cpulist"))
+        .map(|s| parse_cpulist(&s))
+        .unwrap_or_default()
+}
+
+/// Parse a kernel cpulist (`0-3,8,10-11`).
+pub fn parse_cpulist(s: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+                    out.extend(a..=b.min(a + 4096));
+                }
+            }
+            None => out.extend(part.trim().parse::<usize>().ok()),
+        }
+    }
+    out
+}
+
+/// Rails grouped by the NUMA node their NIC sits on (`rail_numa[r]`; unknown counts as node
+/// 0): one reactor per group, pinned to a core of its node, keeps each NIC's completions on
+/// the socket the NIC is attached to.
+pub fn rail_groups(rail_numa: &[Option<usize>]) -> Vec<(usize, Vec<usize>)> {
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (r, n) in rail_numa.iter().enumerate() {
+        let n = n.unwrap_or(0);
+        match groups.iter_mut().find(|(node, _)| *node == n) {
+            Some((_, rails)) => rails.push(r),
+            None => groups.push((n, vec![r])),
+        }
+    }
+    groups
+}
+
+/// The core a reactor serving rails on `node` should take when none is configured: the last
+/// core of the node (the first ones usually carry the OS and the application's main threads).
+/// `None` on a single-node host, where any core is as near.
+pub fn reactor_core_for(node: usize) -> Option<usize> {
+    if numa_nodes().len() < 2 {
+        return None;
+    }
+    node_cpus(node).last().copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpulists_parse() {
+        assert_eq!(parse_cpulist("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpulist(""), Vec::<usize>::new());
+        assert_eq!(parse_cpulist("x,2"), vec![2]);
+    }
+
+    #[test]
+    fn rails_group_by_node() {
+        let g = rail_groups(&[Some(0), Some(1), Some(0), None, Some(1)]);
+        assert_eq!(g, vec![(0, vec![0, 2, 3]), (1, vec![1, 4])]);
+    }
+
+    #[test]
+    fn this_host_has_a_node_and_cores() {
+        let nodes = numa_nodes();
+        assert!(!nodes.is_empty());
+        assert_eq!(device_numa_node("../../etc"), None);
+    }
+}
