@@ -32,7 +32,7 @@ pub mod transport;
 
 pub use batch::{Piece, Pieces};
 pub use bootstrap::Listener;
-pub use buf::{ExposedBuf, IoBuf, IoBufMut, RegisteredBuf, Slice};
+pub use buf::{CacheStats, ExposedBuf, IoBuf, IoBufMut, RegisteredBuf, SharedBuf, Slice};
 pub use endpoint::Endpoint;
 pub use error::{BufResult, Error, FailureClass, OpKind, Result, TransportError};
 pub use imm::{ImmEvent, NextImm, WaitImm};

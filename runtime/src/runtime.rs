@@ -7,7 +7,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
-use crate::buf::{ExposedBuf, IoBuf, RegisteredBuf};
+use crate::buf::cache::{timed, MrCache};
+use crate::buf::{CacheStats, ExposedBuf, IoBuf, RegisteredBuf, SharedBuf};
 use crate::error::{Error, OpKind, Result, TransportError};
 use crate::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::reactor::cmd::{Cmd, OpReq};
@@ -47,6 +48,7 @@ pub struct Builder {
     lanes: usize,
     sched: SchedConfig,
     secret: Option<Vec<u8>>,
+    mr_cache_bytes: Option<usize>,
 }
 
 impl Default for Builder {
@@ -62,6 +64,7 @@ impl Default for Builder {
             lanes: 1,
             sched: SchedConfig::default(),
             secret: None,
+            mr_cache_bytes: None,
         }
     }
 }
@@ -148,6 +151,13 @@ impl Builder {
         if self.config.rails < self.config.rail_nodes.len() {
             self.config.rails = self.config.rail_nodes.len();
         }
+        self
+    }
+
+    /// Byte cap of the registration cache (`register_shared`): idle registrations beyond it are
+    /// dropped, least recently used first. Default 1 GiB, or `RDMALANE_MR_CACHE_BYTES`.
+    pub fn mr_cache_bytes(mut self, cap: usize) -> Self {
+        self.mr_cache_bytes = Some(cap);
         self
     }
 
@@ -248,6 +258,12 @@ impl Builder {
                 thread_id,
                 imm,
                 counters,
+                mr_cache: MrCache::new(self.mr_cache_bytes.unwrap_or_else(|| {
+                    std::env::var("RDMALANE_MR_CACHE_BYTES")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(1 << 30)
+                })),
                 connect_timeout: self.connect_timeout,
                 peer_timeout: std::env::var("RDMALANE_PEER_TIMEOUT_MS")
                     .ok()
@@ -277,6 +293,9 @@ struct Inner {
     connect_timeout: Duration,
     peer_timeout: Duration,
     secret: Option<Vec<u8>>,
+    /// Dropped after the reactor (fields drop after `Drop::drop`), so its entries find the
+    /// transport gone and free their memory directly.
+    mr_cache: MrCache,
 }
 
 impl Drop for Inner {
@@ -359,6 +378,20 @@ impl Runtime {
     /// Allocate `len` zeroed bytes of registered memory.
     pub fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
         RegisteredBuf::alloc(self, len)
+    }
+
+    /// Register shared, immutable memory through the registration cache: the same `Bytes`
+    /// (same address and length) registered again reuses its registration. Use it for memory
+    /// sent or written repeatedly (weights, cached pages, reply templates).
+    pub fn register_shared(&self, bytes: bytes::Bytes) -> Result<SharedBuf> {
+        self.inner.mr_cache.register(self, bytes)
+    }
+
+    /// What the registration cache has done (hits, misses, evictions, bytes held). Registration
+    /// counts and time are in [`stats`](Self::stats).
+    pub fn mr_cache_stats(&self) -> CacheStats {
+        self.inner.mr_cache.trim();
+        self.inner.mr_cache.stats()
     }
 
     /// Let peers reach `buf` with the given access; the result carries the descriptor to hand
@@ -511,8 +544,10 @@ impl Runtime {
 
     pub(crate) fn register_region(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
         let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
-        self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
-            .map_err(|e| Error::from_transport(op, "-", e))
+        let (res, ns) =
+            timed(|| self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply }));
+        self.inner.counters.registration_ns.fetch_add(ns, Ordering::Relaxed);
+        res?.map_err(|e| Error::from_transport(op, "-", e))
     }
 
     /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration.

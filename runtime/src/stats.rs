@@ -16,6 +16,8 @@ pub struct Stats {
     pub withdrawn: u64,
     /// Memory registrations made.
     pub registrations: u64,
+    /// Time spent registering memory, in nanoseconds (round trip through the reactor).
+    pub registration_ns: u64,
 }
 
 #[derive(Default)]
@@ -26,6 +28,8 @@ pub(crate) struct Counters {
     pub failed: AtomicU64,
     pub withdrawn: AtomicU64,
     pub registrations: AtomicU64,
+    /// Nanoseconds spent registering, from any thread.
+    pub registration_ns: AtomicU64,
     /// Bytes posted per rail (ours), for striping checks and metrics.
     pub rail_bytes: [AtomicU64; crate::runtime::MAX_RAILS],
     /// Ops refused on the submitting thread (runtime shut down): counted as submitted and
@@ -61,6 +65,7 @@ impl Counters {
             failed: l(&self.failed) + l(&self.rejected),
             withdrawn: l(&self.withdrawn),
             registrations: l(&self.registrations),
+            registration_ns: l(&self.registration_ns),
         }
     }
 }
