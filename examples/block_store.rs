@@ -69,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut eps = Vec::new();
         for _ in 0..clients {
             let ep = listener.accept().await?;
-            let mut m = srv.alloc(RemoteBuf::ENCODED_LEN)?;
+            let mut m = srv.alloc(desc.encoded_len())?;
             m.copy_from_slice(&desc.to_bytes());
             ep.send(m).await.0?;
             eps.push(ep);
@@ -87,7 +87,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (block, blocks, versions) = (a.block, a.blocks, a.versions);
         runs.push(tokio::spawn(async move {
             let ep = rt.connect(addr).await?;
-            let (n, d) = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN)?).await;
+            let (n, d) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
             let store = RemoteBuf::from_bytes(&d[..n?])?;
             let first = c * blocks;
             let at = |i: usize| store.slice((i * block) as u64..((i + 1) * block) as u64);

@@ -36,9 +36,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The server exposes one region: a small mailbox and a bulk area.
     let region = server.expose(server.alloc(4096 + (1 << 20))?, Access::WRITE)?;
-    let mut m = server.alloc(RemoteBuf::ENCODED_LEN)?;
+    let mut m = server.alloc(region.descriptor().encoded_len())?;
     m.copy_from_slice(&region.descriptor().to_bytes());
-    let ((s, _), (n, d)) = tokio::join!(to_client.send(m), ep.recv(client.alloc(RemoteBuf::ENCODED_LEN)?));
+    let ((s, _), (n, d)) =
+        tokio::join!(to_client.send(m), ep.recv(client.alloc(RemoteBuf::MAX_ENCODED_LEN)?));
     s?;
     let remote = RemoteBuf::from_bytes(&d[..n?])?;
     let (mailbox, bulk_area) = (remote.slice(0..16)?, remote.slice(4096..)?);

@@ -29,10 +29,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The server exposes a buffer for remote writes and sends its descriptor.
     let target = server.expose(server.alloc(args.size)?, Access::WRITE)?;
-    let mut msg = server.alloc(RemoteBuf::ENCODED_LEN)?;
+    let mut msg = server.alloc(target.descriptor().encoded_len())?;
     msg.copy_from_slice(&target.descriptor().to_bytes());
     let ((sent, _), (got, desc)) =
-        tokio::join!(to_client.send(msg), to_server.recv(client.alloc(RemoteBuf::ENCODED_LEN)?));
+        tokio::join!(to_client.send(msg), to_server.recv(client.alloc(RemoteBuf::MAX_ENCODED_LEN)?));
     sent?;
     let remote = RemoteBuf::from_bytes(&desc[..got?])?;
 

@@ -9,6 +9,13 @@ cargo test --workspace --lib --bins --tests --examples -- --test-threads=2
 # The criterion benches run once each, as tests (they take no test-harness flags).
 cargo test --workspace --benches
 cargo test --workspace --doc
+# Every example runs on loopback, on both providers, and checks its own results.
+for ex in write_remote rpc_echo kv_pages block_store mixed_tenants; do
+  for p in tcp shm; do
+    timeout 180 cargo run -q -p rdmalane-examples --example "$ex" -- --provider "$p" >/dev/null
+  done
+done
+timeout 180 cargo run -q -p rdmalane-examples --example kv_pages -- --provider tcp --rails 2 >/dev/null
 # The drop storm again under valgrind: no use-after-free or invalid access while 10,000 ops are
 # dropped at random points and the runtime shuts down with ops in flight.
 RDMALANE_UNDER_VALGRIND=1 RDMALANE_PEER_TIMEOUT_MS=120000 \

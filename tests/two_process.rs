@@ -22,7 +22,7 @@ async fn ask(rt: &Runtime, ep: &Endpoint, c: u64, a: u64, b: u64) -> u64 {
 }
 
 async fn descriptor(rt: &Runtime, ep: &Endpoint) -> RemoteBuf {
-    let (n, d) = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN).unwrap()).await;
+    let (n, d) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN).unwrap()).await;
     RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap()
 }
 
@@ -47,7 +47,7 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
             }
             // The peer fills its region (and re-exposes it); we read it back.
             let size = (3 << 20) + 5;
-            let fill = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN).unwrap()).start();
+            let fill = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN).unwrap()).start();
             command(&rt, &ep, cmd::FILL, size as u64, 77).await;
             let (n, d) = fill.await;
             let remote = RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();

@@ -17,6 +17,25 @@ struct Outcome {
 }
 
 pub fn run(a: &Common) -> Result<(), BoxErr> {
+    if a.sizes.is_empty() || a.server {
+        return run_one(a).map(|_| ());
+    }
+    // A sweep: one run per size (each with its own server), then the plot.
+    let mut pts = Vec::new();
+    for &size in &a.sizes {
+        let one = Common { size, sizes: Vec::new(), svg: None, ..a.clone() };
+        pts.push((size as f64, run_one(&one)?));
+    }
+    if let Some(path) = &a.svg {
+        let title = format!("one-sided write bandwidth over {}, window {}", a.provider, a.window);
+        let name = format!("{:?}", a.engine).to_lowercase();
+        crate::svg::save(path, &crate::svg::bandwidth(&title, &[(&name, pts)]))?;
+    }
+    Ok(())
+}
+
+/// One size; returns Gb/s (0 on the server side).
+fn run_one(a: &Common) -> Result<f64, BoxErr> {
     if a.window == 0 || a.size == 0 {
         return Err("--window and --size must be at least 1".into());
     }
@@ -26,7 +45,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
             Engine::Raw => raw_server(&mut RawConn::server(a)?, a)?,
         };
         println!("SERVER_CPU {cpu:.2}");
-        return Ok(());
+        return Ok(0.0);
     }
     let (o, server_cpu) = with_server("bw", a, |addr| match a.engine {
         Engine::Runtime => rt_client(&mut RtConn::client(a, addr)?, a),
@@ -50,14 +69,14 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
             ("server_cpu_pct", Val::F(server_cpu.unwrap_or(f64::NAN))),
         ],
     );
-    Ok(())
+    Ok(gbps)
 }
 
 fn rt_server(c: &mut RtConn, a: &Common) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
         let target = rt.expose(rt.alloc(a.size)?, Access::WRITE)?;
-        let mut msg = rt.alloc(RemoteBuf::ENCODED_LEN)?;
+        let mut msg = rt.alloc(target.descriptor().encoded_len())?;
         msg.copy_from_slice(&target.descriptor().to_bytes());
         let done = ep.recv(rt.alloc(8)?).start();
         let cpu = CpuMeter::start();
@@ -74,7 +93,7 @@ fn rt_client(c: &mut RtConn, a: &Common) -> Result<Outcome, BoxErr> {
     let total = a.warmup + a.iters;
     let mut progress = Progress::new(!a.json, total);
     rt.block_on(async {
-        let (n, desc) = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN)?).await;
+        let (n, desc) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
         let remote = RemoteBuf::from_bytes(&desc[..n?])?;
         let mut free = Vec::with_capacity(a.window);
         for _ in 0..a.window {

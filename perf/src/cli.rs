@@ -116,6 +116,13 @@ pub struct Common {
     /// End with one JSON object on the last line.
     #[arg(long)]
     pub json: bool,
+    /// Also write the result as an SVG plot here (lat, mixed: latency CDF; bw with --sizes:
+    /// bandwidth against size).
+    #[arg(long)]
+    pub svg: Option<String>,
+    /// bw: run these sizes (comma-separated) instead of --size, one line each.
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<usize>,
     /// Be the server side only.
     #[arg(long)]
     pub server: bool,

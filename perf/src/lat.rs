@@ -34,6 +34,10 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
         }
     })?;
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    if let Some(path) = &a.svg {
+        let title = format!("{} B ping-pong over {provider} ({:?})", a.size, a.engine);
+        crate::svg::save(path, &crate::svg::latency_cdf(&title, &[("one-way latency", &hist)]))?;
+    }
     print(
         a.json,
         &format!("lat: {} B send/recv ping-pong over {provider}, engine {:?}", a.size, a.engine),

@@ -10,6 +10,7 @@ mod lat;
 mod mixed;
 mod pages;
 mod report;
+mod svg;
 mod tenants;
 
 use clap::Parser;

@@ -84,7 +84,7 @@ pub fn serve(m: &Mixed, clients: usize) -> Result<(), BoxErr> {
 
 /// Send the bulk target's descriptor, then answer pings until the 1-byte stop.
 async fn echo(rt: &Runtime, ep: &Endpoint, desc: RemoteBuf) -> Result<(), BoxErr> {
-    let mut msg = rt.alloc(RemoteBuf::ENCODED_LEN)?;
+    let mut msg = rt.alloc(desc.encoded_len())?;
     msg.copy_from_slice(&desc.to_bytes());
     let mut next = ep.recv(rt.alloc(PING)?).start();
     ep.send(msg).await.0?;
@@ -150,7 +150,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let ep = tokio.block_on(rt.connect(addr.clone()))?;
     let cpu = CpuMeter::start();
     let (alone, bulk_alone, mixed, bulk_mixed) = rt.block_on(async {
-        let (n, d) = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN)?).await;
+        let (n, d) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
         let remote = RemoteBuf::from_bytes(&d[..n?])?;
         pingpong(&rt, &ep, PING, a.warmup, &mut quiet()).await?;
         let alone = pingpong(&rt, &ep, PING, a.iters, &mut quiet()).await?;
@@ -179,6 +179,18 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     };
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let gbps = |bps: f64| bps * 8.0 / 1e9;
+    if let Some(path) = &a.svg {
+        let title = format!(
+            "{PING} B ping-pong, alone and beside bulk writes ({:?}, {})",
+            m.scheduler,
+            rt.provider()
+        );
+        let mixed_name = format!("beside bulk ({:.1} Gb/s)", gbps(bulk_mixed));
+        crate::svg::save(
+            path,
+            &crate::svg::latency_cdf(&title, &[("alone", &alone), (&mixed_name, &mixed)]),
+        )?;
+    }
     print(
         a.json,
         &format!(

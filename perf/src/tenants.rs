@@ -33,9 +33,9 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     })?;
     let cpu = CpuMeter::start();
     let (ga, gb) = rt.block_on(async {
-        let (n, d) = ep_a.recv(rt.alloc(RemoteBuf::ENCODED_LEN)?).await;
+        let (n, d) = ep_a.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
         let ra = RemoteBuf::from_bytes(&d[..n?])?;
-        let (n, d) = ep_b.recv(rt.alloc(RemoteBuf::ENCODED_LEN)?).await;
+        let (n, d) = ep_b.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
         let rb = RemoteBuf::from_bytes(&d[..n?])?;
         let never = Cell::new(false);
         let until = Some(Instant::now() + Duration::from_secs_f64(m.secs));

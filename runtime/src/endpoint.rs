@@ -154,6 +154,29 @@ impl Endpoint {
         self.two_sided(OpKind::Recv, buf, WrKind::Recv)
     }
 
+    /// Send a descriptor (of memory this runtime exposed) to the peer, which takes it with
+    /// [`recv_descriptor`](Self::recv_descriptor): the usual way to hand over access.
+    pub async fn send_descriptor(&self, d: &RemoteBuf) -> Result<(), Error> {
+        let bytes = d.to_bytes();
+        let mut msg = self.rt.alloc(bytes.len())?;
+        msg.copy_from_slice(&bytes);
+        self.send(msg).await.0.map(|_| ())
+    }
+
+    /// Receive a descriptor the peer sent with [`send_descriptor`](Self::send_descriptor);
+    /// refuses anything that is not a well-formed descriptor of that peer.
+    pub async fn recv_descriptor(&self) -> Result<RemoteBuf, Error> {
+        let (n, buf) = self.recv(self.rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
+        let d = RemoteBuf::from_bytes(&buf[..n?])?;
+        if d.owner() != self.peer_id {
+            return Err(Error::invalid(
+                OpKind::Recv,
+                format!("descriptor of runtime {:x}, not of the peer", d.owner()),
+            ));
+        }
+        Ok(d)
+    }
+
     fn check_local<B: IoBuf>(&self, op: OpKind, buf: &B) -> Result<(), Error> {
         if buf.runtime_id() != self.rt.id() {
             return Err(Error::invalid(op, "buffer is registered with another runtime"));

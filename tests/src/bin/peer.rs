@@ -11,9 +11,7 @@ async fn main() {
     println!("LISTENING {}", l.local_addr().expect("addr"));
     let ep = l.accept().await.expect("accept");
     let region = rt.expose(rt.alloc(cmd::REGION).expect("alloc"), Access::READ_WRITE).expect("expose");
-    let mut msg = rt.alloc(rdmalane::RemoteBuf::ENCODED_LEN).expect("alloc");
-    msg.copy_from_slice(&region.descriptor().to_bytes());
-    ep.send(msg).await.0.expect("send descriptor");
+    ep.send_descriptor(&region.descriptor()).await.expect("send descriptor");
     let mut inbox = rt.alloc(24).expect("alloc");
     let mut reply = rt.alloc(8).expect("alloc");
     let mut region = Some(region);
@@ -36,9 +34,7 @@ async fn main() {
                 let mut buf = r.revoke().expect("revoke");
                 buf[..a as usize].copy_from_slice(&pattern(a as usize, b));
                 let again = rt.expose(buf, Access::READ_WRITE).expect("expose");
-                let mut m = rt.alloc(rdmalane::RemoteBuf::ENCODED_LEN).expect("alloc");
-                m.copy_from_slice(&again.descriptor().to_bytes());
-                ep.send(m).await.0.expect("send descriptor");
+                ep.send_descriptor(&again.descriptor()).await.expect("send descriptor");
                 region = Some(again);
                 continue;
             }
