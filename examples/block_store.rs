@@ -8,7 +8,7 @@
 //!
 //! `cargo run --release --example block_store -- --provider shm`
 use clap::Parser;
-use rdmalane::{Access, RegisteredBuf, RemoteBuf, Runtime};
+use rdmalane::{Access, RegisteredBuf, Runtime};
 
 #[derive(Parser)]
 struct Args {
@@ -69,14 +69,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut eps = Vec::new();
         for _ in 0..clients {
             let ep = listener.accept().await?;
-            let mut m = srv.alloc(desc.encoded_len())?;
-            m.copy_from_slice(&desc.to_bytes());
-            ep.send(m).await.0?;
-            eps.push(ep);
+            // Posted now: a client may finish before the server gets round to it.
+            let done = ep.recv(srv.alloc(1)?).start();
+            ep.send_descriptor(&desc).await?;
+            eps.push((ep, done));
         }
-        // Keep the endpoints until each client says it is done.
-        for ep in &eps {
-            ep.recv(srv.alloc(1)?).await.0?;
+        // Keep each endpoint until its client says it is done, then let the client go.
+        for (ep, done) in eps {
+            done.await.0?;
+            ep.send(srv.alloc(1)?).await.0?;
         }
         Ok::<(), rdmalane::Error>(())
     });
@@ -87,8 +88,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (block, blocks, versions) = (a.block, a.blocks, a.versions);
         runs.push(tokio::spawn(async move {
             let ep = rt.connect(addr).await?;
-            let (n, d) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
-            let store = RemoteBuf::from_bytes(&d[..n?])?;
+            let store = ep.recv_descriptor().await?;
             let first = c * blocks;
             let at = |i: usize| store.slice((i * block) as u64..((i + 1) * block) as u64);
             let mut buf: RegisteredBuf = rt.alloc(block)?;
@@ -111,7 +111,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     assert_eq!(check(&buf), Some((i as u64, v)), "client {c}: block {i} after version {v}");
                 }
             }
+            // Done; stay connected until the server has seen it.
+            let bye = ep.recv(rt.alloc(1)?).start();
             ep.send(rt.alloc(1)?).await.0?;
+            bye.await.0?;
             Ok::<(usize, usize), rdmalane::Error>((writes, reads))
         }));
     }
