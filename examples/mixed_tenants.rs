@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::sched::Class;
-use rdmalane::{Access, RemoteBuf, Runtime};
+use rdmalane::{Access, Runtime};
 
 #[derive(Parser)]
 struct Args {
@@ -36,12 +36,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The server exposes one region: a small mailbox and a bulk area.
     let region = server.expose(server.alloc(4096 + (1 << 20))?, Access::WRITE)?;
-    let mut m = server.alloc(region.descriptor().encoded_len())?;
-    m.copy_from_slice(&region.descriptor().to_bytes());
-    let ((s, _), (n, d)) =
-        tokio::join!(to_client.send(m), ep.recv(client.alloc(RemoteBuf::MAX_ENCODED_LEN)?));
-    s?;
-    let remote = RemoteBuf::from_bytes(&d[..n?])?;
+    let desc = region.descriptor();
+    let ((), remote) = tokio::try_join!(to_client.send_descriptor(&desc), ep.recv_descriptor())?;
     let (mailbox, bulk_area) = (remote.slice(0..16)?, remote.slice(4096..)?);
 
     let until = Instant::now() + Duration::from_secs_f64(args.secs);

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release --example write_remote -- --provider shm`
 use clap::Parser;
-use rdmalane::{Access, RemoteBuf, Runtime};
+use rdmalane::{Access, Runtime};
 
 #[derive(Parser)]
 struct Args {
@@ -29,12 +29,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The server exposes a buffer for remote writes and sends its descriptor.
     let target = server.expose(server.alloc(args.size)?, Access::WRITE)?;
-    let mut msg = server.alloc(target.descriptor().encoded_len())?;
-    msg.copy_from_slice(&target.descriptor().to_bytes());
-    let ((sent, _), (got, desc)) =
-        tokio::join!(to_client.send(msg), to_server.recv(client.alloc(RemoteBuf::MAX_ENCODED_LEN)?));
-    sent?;
-    let remote = RemoteBuf::from_bytes(&desc[..got?])?;
+    let desc = target.descriptor();
+    let ((), remote) = tokio::try_join!(to_client.send_descriptor(&desc), to_server.recv_descriptor())?;
 
     // The client writes a pattern; the buffer comes back with the result.
     let mut data = client.alloc(args.size)?;

@@ -21,9 +21,8 @@ async fn ask(rt: &Runtime, ep: &Endpoint, c: u64, a: u64, b: u64) -> u64 {
     u64::from_le_bytes(r[..8].try_into().unwrap())
 }
 
-async fn descriptor(rt: &Runtime, ep: &Endpoint) -> RemoteBuf {
-    let (n, d) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN).unwrap()).await;
-    RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap()
+async fn descriptor(ep: &Endpoint) -> RemoteBuf {
+    ep.recv_descriptor().await.unwrap()
 }
 
 #[test]
@@ -33,7 +32,7 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
         bounded(120, async {
             let rt = runtime(p);
             let ep = rt.connect(peer.addr.clone()).await.unwrap();
-            let remote = descriptor(&rt, &ep).await;
+            let remote = descriptor(&ep).await;
             for (i, size) in [1usize, 4099, (1 << 20) + 7, 64 << 20].into_iter().enumerate() {
                 let want = pattern(size, i as u64);
                 let mut src = rt.alloc(size).unwrap();
@@ -76,7 +75,7 @@ fn a_killed_peer_turns_pending_ops_into_errors_and_others_go_on() {
         bounded(60, async {
             let rt = runtime(p);
             let ep = rt.connect(peer.addr.clone()).await.unwrap();
-            let remote = descriptor(&rt, &ep).await;
+            let remote = descriptor(&ep).await;
             // Another peer, in this process, that must keep working.
             let other = runtime(p);
             let (to_other, from_rt) = pair(&rt, &other).await;
@@ -122,7 +121,7 @@ fn a_restarted_peer_can_be_reached_again() {
             for round in 0..2 {
                 let peer = PeerProcess::spawn(PEER, p);
                 let ep = rt.connect(peer.addr.clone()).await.unwrap();
-                let remote = descriptor(&rt, &ep).await;
+                let remote = descriptor(&ep).await;
                 let mut src = rt.alloc(4096).unwrap();
                 src.copy_from_slice(&pattern(4096, round));
                 ep.write_remote(src, &remote).await.0.unwrap();
@@ -149,7 +148,7 @@ fn a_frozen_peer_is_lost_after_the_peer_timeout() {
                 .build()
                 .unwrap();
             let ep = rt.connect(peer.addr.clone()).await.unwrap();
-            let _remote = descriptor(&rt, &ep).await;
+            let _remote = descriptor(&ep).await;
             let recv = ep.recv(rt.alloc(64).unwrap()).start();
             // Freeze the peer: its kernel still holds the connection open, but it sends nothing.
             let pid = peer.child.id().to_string();

@@ -4,7 +4,6 @@ use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::transport::{Access, Completion, PostError, WrKind};
-use rdmalane::RemoteBuf;
 
 use crate::cli::{Common, Engine};
 use crate::conn::{with_server, BoxErr, CpuMeter, RawConn, RtConn};
@@ -76,12 +75,9 @@ fn rt_server(c: &mut RtConn, a: &Common) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
         let target = rt.expose(rt.alloc(a.size)?, Access::WRITE)?;
-        let mut msg = rt.alloc(target.descriptor().encoded_len())?;
-        msg.copy_from_slice(&target.descriptor().to_bytes());
         let done = ep.recv(rt.alloc(8)?).start();
         let cpu = CpuMeter::start();
-        let (r, _) = ep.send(msg).await;
-        r?;
+        ep.send_descriptor(&target.descriptor()).await?;
         let (r, _) = done.await;
         r?;
         Ok(cpu.pct())
@@ -93,8 +89,7 @@ fn rt_client(c: &mut RtConn, a: &Common) -> Result<Outcome, BoxErr> {
     let total = a.warmup + a.iters;
     let mut progress = Progress::new(!a.json, total);
     rt.block_on(async {
-        let (n, desc) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
-        let remote = RemoteBuf::from_bytes(&desc[..n?])?;
+        let remote = ep.recv_descriptor().await?;
         let mut free = Vec::with_capacity(a.window);
         for _ in 0..a.window {
             free.push(rt.alloc(a.size)?);

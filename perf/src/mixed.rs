@@ -84,10 +84,8 @@ pub fn serve(m: &Mixed, clients: usize) -> Result<(), BoxErr> {
 
 /// Send the bulk target's descriptor, then answer pings until the 1-byte stop.
 async fn echo(rt: &Runtime, ep: &Endpoint, desc: RemoteBuf) -> Result<(), BoxErr> {
-    let mut msg = rt.alloc(desc.encoded_len())?;
-    msg.copy_from_slice(&desc.to_bytes());
     let mut next = ep.recv(rt.alloc(PING)?).start();
-    ep.send(msg).await.0?;
+    ep.send_descriptor(&desc).await?;
     let mut out = rt.alloc(PING)?;
     loop {
         let (n, b) = next.await;
@@ -150,8 +148,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let ep = tokio.block_on(rt.connect(addr.clone()))?;
     let cpu = CpuMeter::start();
     let (alone, bulk_alone, mixed, bulk_mixed) = rt.block_on(async {
-        let (n, d) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
-        let remote = RemoteBuf::from_bytes(&d[..n?])?;
+        let remote = ep.recv_descriptor().await?;
         pingpong(&rt, &ep, PING, a.warmup, &mut quiet()).await?;
         let alone = pingpong(&rt, &ep, PING, a.iters, &mut quiet()).await?;
         let never = Cell::new(false);

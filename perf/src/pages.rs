@@ -7,7 +7,7 @@ use std::time::Instant;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use rdmalane::{Access, Pieces, RemoteBuf};
+use rdmalane::{Access, Pieces};
 
 use crate::cli::PagesArgs;
 use crate::conn::{build_rt_with, BoxErr, CpuMeter, RtConn};
@@ -110,12 +110,9 @@ fn server(p: &PagesArgs, pages: usize) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
         let target = rt.expose(rt.alloc(pool_pages(p) * p.page_size)?, Access::WRITE)?;
-        let d = target.descriptor().to_bytes();
-        let mut msg = rt.alloc(d.len())?;
-        msg.copy_from_slice(&d);
         let done = ep.recv(rt.alloc(8)?).start();
         let cpu = CpuMeter::start();
-        ep.send(msg).await.0?;
+        ep.send_descriptor(&target.descriptor()).await?;
         if p.imm {
             // The receiver's view: every page announced itself, in whatever order.
             rt.wait_imm(TAG, pages).await;
@@ -144,8 +141,7 @@ fn client(p: &PagesArgs, addr: &str, pages: usize, batches: usize) -> Result<(f6
         .collect();
     let mut progress = Progress::new(!p.common.json, batches);
     rt.block_on(async {
-        let (n, desc) = ep.recv(rt.alloc(4096)?).await;
-        let remote = RemoteBuf::from_bytes(&desc[..n?])?;
+        let remote = ep.recv_descriptor().await?;
         // One source pool all batches read from, as a KV cache is one region.
         let source = std::sync::Arc::new(rt.alloc(pool * p.page_size)?);
         let mut free = vec![source; p.common.window];

@@ -4,8 +4,6 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use rdmalane::RemoteBuf;
-
 use crate::cli::Mixed;
 use crate::conn::{build_rt_with, control_plane, BoxErr, CpuMeter, ServerChild};
 use crate::mixed::{sched_config, serve, server_args, stream};
@@ -33,10 +31,8 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     })?;
     let cpu = CpuMeter::start();
     let (ga, gb) = rt.block_on(async {
-        let (n, d) = ep_a.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
-        let ra = RemoteBuf::from_bytes(&d[..n?])?;
-        let (n, d) = ep_b.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN)?).await;
-        let rb = RemoteBuf::from_bytes(&d[..n?])?;
+        let ra = ep_a.recv_descriptor().await?;
+        let rb = ep_b.recv_descriptor().await?;
         let never = Cell::new(false);
         let until = Some(Instant::now() + Duration::from_secs_f64(m.secs));
         let (x, y) = futures::join!(

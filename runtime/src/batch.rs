@@ -168,13 +168,11 @@ impl Layout {
                 return bad("zero length".into());
             }
             if p.local.checked_add(p.len).is_none_or(|e| e > local_len) {
-                return Err(Error::OutOfBounds {
-                    op,
-                    offset: p.local as u64,
-                    want: p.len as u64,
-                    len: local_len as u64,
-                })
-                .map_err(|e| Error::Batch { piece: i, source: Box::new(e) });
+                let (offset, want, len) = (p.local as u64, p.len as u64, local_len as u64);
+                return Err(Error::Batch {
+                    piece: i,
+                    source: Box::new(Error::OutOfBounds { op, offset, want, len }),
+                });
             }
             if p.remote.checked_add(p.len as u64).is_none_or(|e| e > remote_len) {
                 return Err(Error::Batch {

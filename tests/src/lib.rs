@@ -71,13 +71,9 @@ pub async fn pair(a: &Runtime, b: &Runtime) -> (Endpoint, Endpoint) {
 
 /// Hand a descriptor from `from` to `to` over the data plane.
 pub async fn share(from: &Endpoint, to: &Endpoint, desc: RemoteBuf) -> RemoteBuf {
-    let (rf, rt) = (from.runtime(), to.runtime());
-    let mut msg = rf.alloc(desc.encoded_len()).expect("alloc");
-    msg.copy_from_slice(&desc.to_bytes());
-    let ((s, _), (n, b)) =
-        tokio::join!(from.send(msg), to.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN).expect("alloc")));
-    s.expect("send descriptor");
-    RemoteBuf::from_bytes(&b[..n.expect("recv descriptor")]).expect("decode")
+    let (sent, got) = tokio::join!(from.send_descriptor(&desc), to.recv_descriptor());
+    sent.expect("send descriptor");
+    got.expect("recv descriptor")
 }
 
 /// `from` exposes `len` fresh bytes with `access` and hands the descriptor to `to`: the exposed

@@ -235,8 +235,6 @@ impl FabricTransport {
             // Pushed before checking, so Drop closes what did open.
             t.rails.push(rail);
             opened?;
-            // Rails keep only what every rail shares: the provider is the same on each.
-            let _ = info;
         }
         // Probe once whether this provider's CQs have a wait fd.
         if wait_fd {
