@@ -152,8 +152,12 @@ pub fn build_rt_with(
 
 impl RtConn {
     pub fn server(a: &Common) -> Result<RtConn, BoxErr> {
+        Self::server_on(build_rt(a)?, a)
+    }
+
+    /// The server side on a runtime built by the caller.
+    pub fn server_on(rt: Runtime, a: &Common) -> Result<RtConn, BoxErr> {
         let tokio = tokio_rt()?;
-        let rt = build_rt(a)?;
         let ep = tokio.block_on(async {
             let l = rt.listen(&a.listen).await?;
             println!("LISTENING {}", l.local_addr()?);
@@ -164,8 +168,12 @@ impl RtConn {
     }
 
     pub fn client(a: &Common, addr: &str) -> Result<RtConn, BoxErr> {
+        Self::client_on(build_rt(a)?, addr)
+    }
+
+    /// The client side on a runtime built by the caller.
+    pub fn client_on(rt: Runtime, addr: &str) -> Result<RtConn, BoxErr> {
         let tokio = tokio_rt()?;
-        let rt = build_rt(a)?;
         let ep = tokio.block_on(rt.connect(addr.to_string()))?;
         Ok(RtConn { _tokio: tokio, rt, ep })
     }

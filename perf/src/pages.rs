@@ -90,19 +90,11 @@ fn server_args(p: &PagesArgs) -> Vec<String> {
 }
 
 fn conn(p: &PagesArgs, addr: Option<&str>) -> Result<RtConn, BoxErr> {
-    let a = &p.common;
-    let tokio = crate::conn::control_plane()?;
-    let rt = build_rt_with(a, rdmalane::sched::SchedConfig::default(), 1, p.rails)?;
-    let ep = match addr {
-        Some(addr) => tokio.block_on(rt.connect(addr.to_string()))?,
-        None => tokio.block_on(async {
-            let l = rt.listen(&a.listen).await?;
-            println!("LISTENING {}", l.local_addr()?);
-            std::io::Write::flush(&mut std::io::stdout())?;
-            Ok::<_, BoxErr>(l.accept().await?)
-        })?,
-    };
-    Ok(RtConn { _tokio: tokio, rt, ep })
+    let rt = build_rt_with(&p.common, rdmalane::sched::SchedConfig::default(), 1, p.rails)?;
+    match addr {
+        Some(addr) => RtConn::client_on(rt, addr),
+        None => RtConn::server_on(rt, &p.common),
+    }
 }
 
 fn server(p: &PagesArgs, pages: usize) -> Result<f64, BoxErr> {
