@@ -54,7 +54,13 @@ fn check(buf: &[u8]) -> Option<(u64, u64)> {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let a = Args::parse();
-    let open = || Runtime::builder().backend(rdmalane_efa::Libfabric).provider(&a.provider).build();
+    let open = || {
+        Runtime::builder()
+            .backend(rdmalane_verbs::Verbs)
+            .backend(rdmalane_efa::Libfabric)
+            .provider(&a.provider)
+            .build()
+    };
     let server = open()?;
     let total = a.block * a.blocks * a.clients;
     let store = server.expose(server.alloc(total)?, Access::READ_WRITE)?;

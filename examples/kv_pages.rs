@@ -61,8 +61,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if a.seq_pages > a.cache_pages {
         return Err("--seq-pages cannot exceed --cache-pages".into());
     }
-    let open =
-        || Runtime::builder().backend(rdmalane_efa::Libfabric).provider(&a.provider).rails(a.rails).build();
+    let open = || {
+        Runtime::builder()
+            .backend(rdmalane_verbs::Verbs)
+            .backend(rdmalane_efa::Libfabric)
+            .provider(&a.provider)
+            .rails(a.rails)
+            .build()
+    };
     let (prefill, decode) = (open()?, open()?);
     let listener = decode.listen("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

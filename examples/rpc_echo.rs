@@ -30,7 +30,13 @@ struct Args {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let args = Args::parse();
-    let open = || Runtime::builder().backend(rdmalane_efa::Libfabric).provider(&args.provider).build();
+    let open = || {
+        Runtime::builder()
+            .backend(rdmalane_verbs::Verbs)
+            .backend(rdmalane_efa::Libfabric)
+            .provider(&args.provider)
+            .build()
+    };
     let server = open()?;
     let listener = server.listen("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

@@ -19,7 +19,13 @@ struct Args {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let args = Args::parse();
-    let open = || Runtime::builder().backend(rdmalane_efa::Libfabric).provider(&args.provider).build();
+    let open = || {
+        Runtime::builder()
+            .backend(rdmalane_verbs::Verbs)
+            .backend(rdmalane_efa::Libfabric)
+            .provider(&args.provider)
+            .build()
+    };
     let (server, client) = (open()?, open()?);
 
     // Meet over TCP; the handshake exchanges fabric addresses.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rdmalane::{Access, Error, Pieces, RemoteBuf};
-use rdmalane_conformance::{bounded, expose_to, pair, pattern, runtime, PROVIDERS};
+use rdmalane_conformance::{bounded, expose_to, pair, pattern, providers, runtime};
 
 /// Random pieces with non-overlapping remote ranges (so every target byte has one writer) and
 /// local ranges anywhere in `local_len`.
@@ -41,7 +41,7 @@ fn check(p: &str, what: &str, target: &[u8], src: &[u8], pieces: &Pieces) {
 
 #[test]
 fn pages_and_scatter_lists_land_byte_exact_in_any_layout() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(120, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -91,7 +91,7 @@ fn pages_and_scatter_lists_land_byte_exact_in_any_layout() {
 
 #[test]
 fn immediate_counts_add_up_whatever_order_pieces_land_in() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;

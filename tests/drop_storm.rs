@@ -14,7 +14,7 @@ fn a_drop_storm_then_a_shutdown_with_ops_queued_resolves_every_op() {
     use futures::stream::{FuturesUnordered, StreamExt};
     use rdmalane::Error;
 
-    for p in rdmalane_conformance::PROVIDERS {
+    for p in rdmalane_conformance::providers() {
         bounded(240, async {
             // Four identical rounds, each with 200 MiB of writes pending at its shutdown. The
             // allocator keeps and returns freed memory as it likes (resident size swings between

@@ -88,7 +88,10 @@ fn forged_descriptors_are_refused_by_the_provider_and_the_target_keeps_serving()
 }
 
 fn with_secret(p: &str, secret: Option<&str>) -> rdmalane::Runtime {
-    let mut b = rdmalane::Runtime::builder().backend(rdmalane_efa::Libfabric).provider(p);
+    let mut b = rdmalane::Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
+        .backend(rdmalane_efa::Libfabric)
+        .provider(p);
     if let Some(s) = secret {
         b = b.secret(s);
     }
@@ -131,6 +134,7 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
     use tokio::io::AsyncWriteExt;
     bounded(120, async {
         let server = rdmalane::Runtime::builder()
+            .backend(rdmalane_verbs::Verbs)
             .backend(rdmalane_efa::Libfabric)
             .provider("tcp")
             .connect_timeout(std::time::Duration::from_millis(1500))

@@ -3,7 +3,7 @@
 //! threads run beside it.
 use std::time::{Duration, Instant};
 
-use rdmalane_conformance::{bounded, pair, runtime, PROVIDERS};
+use rdmalane_conformance::{bounded, pair, providers, runtime};
 
 /// CPU seconds used so far by this process's reactor threads.
 fn reactor_cpu() -> f64 {
@@ -22,7 +22,7 @@ fn reactor_cpu() -> f64 {
 
 #[test]
 fn an_idle_connected_runtime_uses_at_most_two_percent_of_a_core() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(30, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;

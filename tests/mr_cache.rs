@@ -6,10 +6,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::{Access, Runtime};
-use rdmalane_conformance::{bounded, expose_to, pair, pattern, PROVIDERS};
+use rdmalane_conformance::{bounded, expose_to, pair, pattern, providers};
 
 fn cached_runtime(p: &str, cap: usize) -> Runtime {
     Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
         .backend(rdmalane_efa::Libfabric)
         .provider(p)
         .mr_cache_bytes(cap)
@@ -20,7 +21,7 @@ fn cached_runtime(p: &str, cap: usize) -> Runtime {
 
 #[test]
 fn registering_cached_memory_again_reuses_the_registration() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(30, async {
             let rt = cached_runtime(p, 1 << 30);
             let mem = Bytes::from(pattern(1 << 20, 1));
@@ -44,7 +45,7 @@ fn registering_cached_memory_again_reuses_the_registration() {
 
 #[test]
 fn idle_entries_are_evicted_lru_under_the_cap_and_busy_ones_never() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             // Room for four 1 MiB entries.
             let a = cached_runtime(p, 4 << 20);
@@ -79,7 +80,7 @@ fn idle_entries_are_evicted_lru_under_the_cap_and_busy_ones_never() {
 
 #[test]
 fn many_tasks_sending_the_same_cached_memory_get_one_registration_and_right_bytes() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let a = cached_runtime(p, 64 << 20);
             let b = cached_runtime(p, 64 << 20);

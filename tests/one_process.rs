@@ -4,13 +4,13 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::{Access, Driver, Error, OpKind, Runtime};
-use rdmalane_conformance::{bounded, expose_to, pair, pattern, runtime, watchdog, PROVIDERS};
+use rdmalane_conformance::{bounded, expose_to, pair, pattern, providers, runtime, watchdog};
 
 const SIZES: [usize; 9] = [1, 7, 63, 4096, 4097, 65_537, (1 << 20) + 3, 9_999_991, 64 << 20];
 
 #[test]
 fn write_then_read_is_byte_exact_from_1_byte_to_64_mib() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(120, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -35,7 +35,7 @@ fn write_then_read_is_byte_exact_from_1_byte_to_64_mib() {
 
 #[test]
 fn writes_into_offsets_of_a_region_land_exactly_there() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -54,7 +54,7 @@ fn writes_into_offsets_of_a_region_land_exactly_there() {
 
 #[test]
 fn send_and_recv_carry_messages_of_every_size() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -75,7 +75,7 @@ fn send_and_recv_carry_messages_of_every_size() {
 
 #[test]
 fn a_message_longer_than_the_receive_buffer_fails_the_receive() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(30, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -89,7 +89,7 @@ fn a_message_longer_than_the_receive_buffer_fails_the_receive() {
 
 #[test]
 fn write_with_imm_raises_each_value_once_in_any_order() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -123,7 +123,7 @@ fn write_with_imm_raises_each_value_once_in_any_order() {
 
 #[test]
 fn a_thousand_concurrent_writes_all_land() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(120, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -152,7 +152,7 @@ fn a_thousand_concurrent_writes_all_land() {
 
 #[test]
 fn recv_stream_keeps_a_pool_posted() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -181,7 +181,7 @@ fn recv_stream_keeps_a_pool_posted() {
 
 #[test]
 fn descriptors_out_of_bounds_are_refused_before_posting() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(30, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -226,7 +226,7 @@ async fn settle(rt: &Runtime, secs: u64) -> rdmalane::Stats {
 
 #[test]
 fn dropping_futures_in_flight_and_after_completion_is_safe() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
@@ -268,10 +268,11 @@ fn dropping_futures_in_flight_and_after_completion_is_safe() {
 #[test]
 fn a_future_dropped_before_posting_is_withdrawn() {
     let _guard = watchdog(60);
-    for p in PROVIDERS {
+    for p in providers() {
         let b = runtime(p);
         // Inline driver: nothing is posted outside block_on, so the drop comes first for sure.
         let a = Runtime::builder()
+            .backend(rdmalane_verbs::Verbs)
             .backend(rdmalane_efa::Libfabric)
             .provider(p)
             .driver(Driver::Inline)
@@ -326,7 +327,11 @@ fn connecting_where_nobody_listens_fails_in_time() {
 
 #[test]
 fn an_unavailable_provider_is_named_with_what_exists() {
-    let r = Runtime::builder().backend(rdmalane_efa::Libfabric).provider("no-such-provider").build();
+    let r = Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
+        .backend(rdmalane_efa::Libfabric)
+        .provider("no-such-provider")
+        .build();
     match r {
         Err(Error::ProviderUnavailable { requested, found }) => {
             assert_eq!(requested, "no-such-provider");
@@ -355,7 +360,7 @@ fn a_handshake_from_a_stranger_is_refused_and_the_listener_survives() {
 
 #[test]
 fn dropping_a_split_write_withdraws_its_unposted_chunks() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;

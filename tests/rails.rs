@@ -5,11 +5,11 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rdmalane::sched::Stripe;
 use rdmalane::{Access, Pieces};
-use rdmalane_conformance::{bounded, expose_to, pair, pattern, runtime, runtime_with_rails, PROVIDERS};
+use rdmalane_conformance::{bounded, expose_to, pair, pattern, rail_providers, runtime, runtime_with_rails};
 
 #[test]
 fn batches_and_writes_stripe_over_rails_and_cover_every_byte_once() {
-    for p in PROVIDERS {
+    for p in rail_providers() {
         for stripe in [Stripe::RoundRobin, Stripe::Bytes] {
             bounded(90, async {
                 let (a, b) = (runtime_with_rails(p, 2, stripe), runtime_with_rails(p, 2, stripe));
@@ -62,7 +62,7 @@ fn batches_and_writes_stripe_over_rails_and_cover_every_byte_once() {
 
 #[test]
 fn peers_with_different_rail_counts_meet_and_move_bytes() {
-    for p in PROVIDERS {
+    for p in rail_providers() {
         bounded(60, async {
             let (a, b) = (runtime_with_rails(p, 3, Stripe::RoundRobin), runtime(p));
             for (x, y) in [(&a, &b), (&b, &a)] {

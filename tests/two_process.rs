@@ -3,7 +3,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::{Endpoint, RemoteBuf, Runtime};
-use rdmalane_conformance::{bounded, cmd, encode_cmd, hash, pair, pattern, runtime, PeerProcess, PROVIDERS};
+use rdmalane_conformance::{bounded, cmd, encode_cmd, hash, pair, pattern, providers, runtime, PeerProcess};
 
 const PEER: &str = env!("CARGO_BIN_EXE_peer");
 
@@ -27,7 +27,7 @@ async fn descriptor(ep: &Endpoint) -> RemoteBuf {
 
 #[test]
 fn writes_reads_and_messages_cross_processes_byte_exact() {
-    for p in PROVIDERS {
+    for p in providers() {
         let peer = PeerProcess::spawn(PEER, p);
         bounded(120, async {
             let rt = runtime(p);
@@ -70,7 +70,7 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
 
 #[test]
 fn a_killed_peer_turns_pending_ops_into_errors_and_others_go_on() {
-    for p in PROVIDERS {
+    for p in providers() {
         let mut peer = PeerProcess::spawn(PEER, p);
         bounded(60, async {
             let rt = runtime(p);
@@ -115,7 +115,7 @@ fn a_killed_peer_turns_pending_ops_into_errors_and_others_go_on() {
 
 #[test]
 fn a_restarted_peer_can_be_reached_again() {
-    for p in PROVIDERS {
+    for p in providers() {
         bounded(60, async {
             let rt = runtime(p);
             for round in 0..2 {
@@ -138,10 +138,11 @@ fn a_restarted_peer_can_be_reached_again() {
 
 #[test]
 fn a_frozen_peer_is_lost_after_the_peer_timeout() {
-    for p in PROVIDERS {
+    for p in providers() {
         let peer = PeerProcess::spawn(PEER, p);
         bounded(30, async {
             let rt = rdmalane::Runtime::builder()
+                .backend(rdmalane_verbs::Verbs)
                 .backend(rdmalane_efa::Libfabric)
                 .provider(p)
                 .peer_timeout(Duration::from_millis(900))

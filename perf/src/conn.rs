@@ -138,6 +138,7 @@ pub fn build_rt_with(
     rails: usize,
 ) -> Result<Runtime, BoxErr> {
     let mut b = Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
         .backend(rdmalane_efa::Libfabric)
         .provider(&a.provider)
         .driver(Driver::Inline)
@@ -185,6 +186,9 @@ pub struct RawConn {
     pub eng: RawEngine,
     pub peer: PeerAddr,
     pub ctl: TcpStream,
+    /// Ids whose completion arrived while waiting for others (a reply's receive may complete
+    /// in the same poll as the send before it).
+    pub early: Vec<u64>,
 }
 
 fn exchange(ctl: &mut TcpStream, mine: &[u8]) -> Result<Vec<u8>, BoxErr> {
@@ -201,16 +205,25 @@ fn exchange(ctl: &mut TcpStream, mine: &[u8]) -> Result<Vec<u8>, BoxErr> {
     Ok(v)
 }
 
+/// The raw engine on the provider `a` names: a libfabric endpoint, or a verbs lane.
+fn raw_engine(a: &Common) -> Result<RawEngine, BoxErr> {
+    if rdmalane_verbs::is_verbs(&a.provider) {
+        let spec = rdmalane_verbs::DeviceSpec::parse(Some(&a.provider))?;
+        return Ok(RawEngine::on(Box::new(rdmalane_verbs::VerbsTransport::open(&spec, false)?))?);
+    }
+    Ok(RawEngine::open(Some(&a.provider), a.node.as_deref())?)
+}
+
 impl RawConn {
     fn finish(mut eng: RawEngine, mut ctl: TcpStream) -> Result<RawConn, BoxErr> {
         let theirs = exchange(&mut ctl, &eng.name())?;
         let peer = eng.insert_peer(&theirs)?;
         exchange(&mut ctl, b"ready")?;
-        Ok(RawConn { eng, peer, ctl })
+        Ok(RawConn { eng, peer, ctl, early: Vec::new() })
     }
 
     pub fn server(a: &Common) -> Result<RawConn, BoxErr> {
-        let eng = RawEngine::open(Some(&a.provider), a.node.as_deref())?;
+        let eng = raw_engine(a)?;
         let l = TcpListener::bind(&a.listen)?;
         println!("LISTENING {}", l.local_addr()?);
         std::io::stdout().flush()?;
@@ -219,7 +232,7 @@ impl RawConn {
     }
 
     pub fn client(a: &Common, addr: &str) -> Result<RawConn, BoxErr> {
-        let eng = RawEngine::open(Some(&a.provider), a.node.as_deref())?;
+        let eng = raw_engine(a)?;
         Self::finish(eng, TcpStream::connect(addr)?)
     }
 

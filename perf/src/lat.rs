@@ -121,13 +121,26 @@ pub async fn pingpong(
 
 /// Poll until the completions for `ids` (those still pending) have arrived.
 fn wait_for(c: &mut RawConn, mut pending: Vec<u64>, comps: &mut Vec<Completion>) -> Result<(), BoxErr> {
+    let early = &mut c.early;
+    pending.retain(|p| match early.iter().position(|e| e == p) {
+        Some(i) => {
+            early.swap_remove(i);
+            false
+        }
+        None => true,
+    });
     while !pending.is_empty() {
         comps.clear();
         c.eng.poll(comps, 16);
         for comp in comps.iter() {
             if let Completion::Op { id, status, .. } = comp {
                 status.clone()?;
-                pending.retain(|p| p != id);
+                match pending.iter().position(|p| p == id) {
+                    Some(i) => {
+                        pending.swap_remove(i);
+                    }
+                    None => c.early.push(*id),
+                }
             }
         }
     }

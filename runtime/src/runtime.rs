@@ -38,7 +38,7 @@ pub enum Driver {
 /// explicitly; they fill in what is left unset: `RDMALANE_PROVIDER`, `RDMALANE_NODE`,
 /// `RDMALANE_CORE`.
 pub struct Builder {
-    backend: Option<Arc<dyn Backend>>,
+    backends: Vec<Arc<dyn Backend>>,
     config: TransportConfig,
     core: Option<usize>,
     driver: Driver,
@@ -54,7 +54,7 @@ pub struct Builder {
 impl Default for Builder {
     fn default() -> Self {
         Builder {
-            backend: None,
+            backends: Vec::new(),
             config: TransportConfig::default(),
             core: None,
             driver: Driver::Thread,
@@ -70,9 +70,12 @@ impl Default for Builder {
 }
 
 impl Builder {
-    /// The backend that opens the transport (e.g. `rdmalane_efa::Libfabric`).
+    /// A backend that may open the transport (e.g. `rdmalane_efa::Libfabric`,
+    /// `rdmalane_verbs::Verbs`). Called several times, the first backend that accepts the
+    /// provider name opens it, so one binary serves every fabric:
+    /// `.backend(Verbs).backend(Libfabric)` with `RDMALANE_PROVIDER=verbs` or `=efa`.
     pub fn backend(mut self, backend: impl Backend + 'static) -> Self {
-        self.backend = Some(Arc::new(backend));
+        self.backends.push(Arc::new(backend));
         self
     }
 
@@ -170,13 +173,22 @@ impl Builder {
 
     /// Open the transport and start the reactor.
     pub fn build(self) -> Result<Runtime> {
-        let backend = self.backend.ok_or_else(|| {
-            Error::invalid(OpKind::Open, "no backend: call .backend(rdmalane_efa::Libfabric::default())")
-        })?;
+        if self.backends.is_empty() {
+            return Err(Error::invalid(OpKind::Open, "no backend: call .backend(rdmalane_efa::Libfabric)"));
+        }
         let mut config = self.config;
         if config.provider.is_none() {
             config.provider = std::env::var("RDMALANE_PROVIDER").ok().filter(|s| !s.is_empty());
         }
+        let backend = match config.provider.as_deref() {
+            None => self.backends[0].clone(),
+            Some(p) => self.backends.iter().find(|b| b.accepts(p)).cloned().ok_or_else(|| {
+                Error::invalid(
+                    OpKind::Open,
+                    format!("no backend given to the builder accepts provider '{p}'"),
+                )
+            })?,
+        };
         if config.node.is_none() {
             config.node = std::env::var("RDMALANE_NODE").ok().filter(|s| !s.is_empty());
         }

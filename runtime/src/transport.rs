@@ -243,6 +243,13 @@ pub trait Transport: Send {
 pub trait Backend: Send + Sync {
     /// Open a transport for `config`.
     fn open(&self, config: &TransportConfig) -> crate::Result<Box<dyn Transport>>;
+
+    /// Whether this backend serves the provider (or device) name `provider`; the builder asks
+    /// each backend it was given in turn.
+    fn accepts(&self, provider: &str) -> bool {
+        let _ = provider;
+        true
+    }
 }
 
 /// What the runtime asks a backend to open.

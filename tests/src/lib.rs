@@ -7,12 +7,32 @@ use std::time::Duration;
 
 use rdmalane::{Endpoint, RemoteBuf, Runtime};
 
-/// The providers every conformance test runs on.
-pub const PROVIDERS: [&str; 2] = ["tcp", "shm"];
+/// The providers every conformance test runs on: `tcp` and `shm`, or the comma-separated list in
+/// `RDMALANE_TEST_PROVIDERS` (`verbs` inside the Soft-RoCE VM: scripts/softroce-vm.sh).
+pub fn providers() -> Vec<&'static str> {
+    match std::env::var("RDMALANE_TEST_PROVIDERS") {
+        Ok(list) if !list.trim().is_empty() => {
+            list.split(',').map(|p| &*Box::leak(p.trim().to_string().into_boxed_str())).collect()
+        }
+        _ => vec!["tcp", "shm"],
+    }
+}
+
+/// The providers that span several rails in one runtime (libfabric's; verbs opens one device).
+pub fn rail_providers() -> Vec<&'static str> {
+    providers().into_iter().filter(|p| !rdmalane_verbs::is_verbs(p)).collect()
+}
+
+/// The provider for tests of one stack's behaviour (faults, handshake, soak): the first of
+/// [`providers`].
+pub fn main_provider() -> &'static str {
+    providers()[0]
+}
 
 /// A runtime on `provider` with its own reactor thread.
 pub fn runtime(provider: &str) -> Runtime {
     Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
         .backend(rdmalane_efa::Libfabric)
         .provider(provider)
         .idle_spin(Duration::from_micros(50))
@@ -24,6 +44,7 @@ pub fn runtime(provider: &str) -> Runtime {
 pub fn runtime_with_rails(provider: &str, rails: usize, stripe: rdmalane::sched::Stripe) -> Runtime {
     let sched = rdmalane::sched::SchedConfig { stripe, ..Default::default() };
     Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
         .backend(rdmalane_efa::Libfabric)
         .provider(provider)
         .rails(rails)

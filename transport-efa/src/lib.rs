@@ -40,4 +40,9 @@ impl Backend for Libfabric {
             FabricTransport::open_rails(config.provider.as_deref(), &nodes, rails, !config.no_wait_object)?;
         Ok(Box::new(t))
     }
+
+    fn accepts(&self, provider: &str) -> bool {
+        // Everything but another backend's names: libfabric takes full provider strings.
+        provider != "verbs" && !provider.starts_with("verbs:")
+    }
 }

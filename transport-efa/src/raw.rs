@@ -1,4 +1,4 @@
-//! The raw engine: one libfabric endpoint driven directly, with no reactor, no op cells and no
+//! The raw engine: one transport endpoint (libfabric's, or any backend's) driven directly, with no reactor, no op cells and no
 //! scheduler. `rdmalane-perf --engine raw` measures the runtime's overhead against it. It owns
 //! its memory, so its API is safe: buffers are indices and every range is checked.
 use std::alloc::{self, Layout};
@@ -18,10 +18,10 @@ struct RawMem {
     mr: MemoryRegion,
 }
 
-/// A libfabric endpoint plus memory it owns.
+/// A transport endpoint plus memory it owns.
 pub struct RawEngine {
     // Declared first: dropped (endpoint closed, no more DMA) before the memory below is freed.
-    t: FabricTransport,
+    t: Box<dyn Transport>,
     lane: LaneId,
     name: Vec<u8>,
     mems: Vec<RawMem>,
@@ -33,7 +33,11 @@ unsafe impl Send for RawEngine {}
 impl RawEngine {
     /// Open `provider` as the runtime would.
     pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<RawEngine> {
-        let mut t = FabricTransport::open(provider, node, false)?;
+        Self::on(Box::new(FabricTransport::open(provider, node, false)?))
+    }
+
+    /// Drive an already open transport of any backend (e.g. `rdmalane-verbs`).
+    pub fn on(mut t: Box<dyn Transport>) -> Result<RawEngine> {
         let (lane, name) =
             t.open_lane(0).map_err(|e| Error::Transport { op: OpKind::Open, peer: "-".into(), source: e })?;
         Ok(RawEngine { t, lane, name, mems: Vec::new() })
