@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing rdmalane needs on Debian 12 (as root): libfabric headers and
-# tools (fi_info, fi_pingpong), libclang for bindgen, pkg-config, valgrind; and a Rust toolchain
+# tools (fi_info, fi_pingpong), rdma-core and perftest (the verbs backend and its baseline), libclang for bindgen, pkg-config, valgrind; and a Rust toolchain
 # if none.
 set -euo pipefail
-pkgs=(libfabric-dev libfabric-bin clang libclang-dev pkg-config ca-certificates curl valgrind)
+pkgs=(libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev ibverbs-providers rdma-core perftest
+  clang libclang-dev pkg-config ca-certificates curl valgrind)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

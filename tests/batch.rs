@@ -129,8 +129,9 @@ fn immediate_counts_add_up_whatever_order_pieces_land_in() {
 
 #[test]
 fn bad_batches_are_refused_before_posting_with_the_piece_named() {
+    let p = rdmalane_conformance::main_provider();
     bounded(30, async {
-        let (a, b) = (runtime("tcp"), runtime("tcp"));
+        let (a, b) = (runtime(p), runtime(p));
         let (ab, ba) = pair(&a, &b).await;
         let (_t, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
         let before = a.stats().posted;
@@ -163,29 +164,31 @@ fn stretched(d: RemoteBuf, len: u64) -> RemoteBuf {
 
 #[test]
 fn a_batch_failing_part_way_names_the_piece_and_keeps_what_landed() {
-    bounded(60, async {
-        let (a, b) = (runtime("tcp"), runtime("tcp"));
-        let (ab, ba) = pair(&a, &b).await;
-        let (target, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
-        let remote = stretched(remote, 2 << 20);
-        // Pieces 0..16 inside the region, piece 16 past it, the rest inside again.
-        let mut ps = Pieces::new();
-        for i in 0..16usize {
-            ps.push(i * 4096, (i * 4096) as u64, 4096);
-        }
-        ps.push(0, (1 << 20) + 8192, 4096);
-        for i in 17..24usize {
-            ps.push(i * 4096, (i * 4096) as u64, 4096);
-        }
-        let mut src = a.alloc(24 * 4096).unwrap();
-        src.copy_from_slice(&pattern(24 * 4096, 5));
-        let (res, src) = ab.write_batch(src, &remote, &ps).await;
-        match res {
-            Err(Error::Batch { piece, source }) => {
-                assert_eq!(piece, 16, "the forged piece is the first that failed: {source}");
+    for p in rdmalane_conformance::enforcing_providers() {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let (target, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
+            let remote = stretched(remote, 2 << 20);
+            // Pieces 0..16 inside the region, piece 16 past it, the rest inside again.
+            let mut ps = Pieces::new();
+            for i in 0..16usize {
+                ps.push(i * 4096, (i * 4096) as u64, 4096);
             }
-            other => panic!("a piece past the region must fail the batch: {other:?}"),
-        }
-        assert!(target.as_slice()[..16 * 4096] == src[..16 * 4096], "the pieces before it landed");
-    });
+            ps.push(0, (1 << 20) + 8192, 4096);
+            for i in 17..24usize {
+                ps.push(i * 4096, (i * 4096) as u64, 4096);
+            }
+            let mut src = a.alloc(24 * 4096).unwrap();
+            src.copy_from_slice(&pattern(24 * 4096, 5));
+            let (res, src) = ab.write_batch(src, &remote, &ps).await;
+            match res {
+                Err(Error::Batch { piece, source }) => {
+                    assert_eq!(piece, 16, "the forged piece is the first that failed: {source}");
+                }
+                other => panic!("a piece past the region must fail the batch: {other:?}"),
+            }
+            assert!(target.as_slice()[..16 * 4096] == src[..16 * 4096], "{p}: the pieces before it landed");
+        });
+    }
 }

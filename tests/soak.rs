@@ -20,7 +20,7 @@ fn mixed_traffic_through_peer_restarts_loses_no_op_and_no_memory() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if std::env::var_os("CI").is_some() { 120 } else { 15 });
-    let rt = runtime("tcp");
+    let rt = runtime(rdmalane_conformance::main_provider());
     bounded(secs + 60, async {
         let end = Instant::now() + Duration::from_secs(secs);
         let (mut rounds, mut made, mut ok, mut failed) = (0u64, 0u64, 0u64, 0u64);
@@ -34,7 +34,7 @@ fn mixed_traffic_through_peer_restarts_loses_no_op_and_no_memory() {
         };
         while Instant::now() < end {
             rounds += 1;
-            let peer = PeerProcess::spawn(PEER, "tcp");
+            let peer = PeerProcess::spawn(PEER, rdmalane_conformance::main_provider());
             let ep = rt.connect(peer.addr.clone()).await.unwrap();
             let (n, d) = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN).unwrap()).await;
             let remote = RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();

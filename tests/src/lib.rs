@@ -23,6 +23,12 @@ pub fn rail_providers() -> Vec<&'static str> {
     providers().into_iter().filter(|p| !rdmalane_verbs::is_verbs(p)).collect()
 }
 
+/// The providers that check keys, ranges and access at the target (tcp;ofi_rxm, verbs; shm 1.17
+/// does not: the book's faults table says so).
+pub fn enforcing_providers() -> Vec<&'static str> {
+    providers().into_iter().filter(|p| *p != "shm").collect()
+}
+
 /// The provider for tests of one stack's behaviour (faults, handshake, soak): the first of
 /// [`providers`].
 pub fn main_provider() -> &'static str {

@@ -116,9 +116,21 @@ impl RawEngine {
         off: usize,
         len: usize,
     ) -> Result<Posted, PostError> {
+        self.post_more(id, peer, kind, (mem, off, len), false)
+    }
+
+    /// [`RawEngine::post`] on `(mem, off, len)`, telling the transport whether more requests
+    /// follow at once (it may hold this one back to post them together).
+    pub fn post_more(
+        &mut self,
+        id: u64,
+        peer: PeerAddr,
+        kind: WrKind,
+        (mem, off, len): (usize, usize, usize),
+        more: bool,
+    ) -> Result<Posted, PostError> {
         let seg = self.seg(mem, off, len)?;
-        let wr =
-            WorkRequest { id, lane: self.lane, peer, kind, local: std::slice::from_ref(&seg), more: false };
+        let wr = WorkRequest { id, lane: self.lane, peer, kind, local: std::slice::from_ref(&seg), more };
         // SAFETY: the memory belongs to the engine and outlives the endpoint (see field order).
         unsafe { self.t.post(&wr) }
     }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The conformance suite on verbs: the test binaries are built here, then run inside one
+# throw-away Soft-RoCE VM (scripts/softroce-vm.sh) against rxe0, with the same assertions as on
+# tcp and shm (RDMALANE_TEST_PROVIDERS=verbs), plus the verbs-only tests. Each binary is bounded;
+# a hang is a failure.
+#   scripts/test-verbs.sh [TEST ...]    (default: every conformance test that runs on verbs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/deps.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+tests=("$@")
+[ ${#tests[@]} -gt 0 ] || tests=(one_process two_process batch mr_cache idle faults drop_storm soak verbs)
+args=()
+for t in "${tests[@]}"; do args+=(--test "$t"); done
+# The paths of the test binaries, from cargo's own report.
+mapfile -t bins < <(cargo test -p rdmalane-conformance "${args[@]}" --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        print(m["executable"])')
+[ ${#bins[@]} -eq ${#tests[@]} ] || { echo "test-verbs: expected ${#tests[@]} test binaries, cargo built ${#bins[@]}" >&2; exit 1; }
+# Under TCG the VM is slow: the soak is shortened; timeouts are generous but bounded.
+inner='set -u; export RDMALANE_TEST_PROVIDERS=verbs RDMALANE_SOAK_SECS=${RDMALANE_SOAK_SECS:-30}; fails=0
+for b in "$@"; do
+  name=$(basename "$b"); name=${name%-*}
+  start=$(date +%s)
+  if timeout 900 "$b" --test-threads=1 >"/tmp/$name.log" 2>&1; then r=ok; else r="FAILED (rc $?)"; fails=$((fails+1)); fi
+  echo "verbs: $name: $r in $(( $(date +%s) - start )) s: $(grep -E "^test result" "/tmp/$name.log" | tail -1)"
+  [ "$r" = ok ] || tail -40 "/tmp/$name.log"
+done
+exit $fails'
+scripts/softroce-vm.sh -T 3000 -- bash -c "$inner" verbs-suite "${bins[@]}"
