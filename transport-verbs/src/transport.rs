@@ -196,12 +196,12 @@ impl VerbsTransport {
             let run = end - start;
             for (k, p) in pending[start..end].iter_mut().enumerate() {
                 lane.since_signal[q] += 1;
-                if k + 1 == run || lane.since_signal[q] >= SIGNAL_EVERY {
+                let signalled = k + 1 == run || lane.since_signal[q] >= SIGNAL_EVERY;
+                if signalled {
                     p.wr.send_flags |= sf::IBV_SEND_SIGNALED.0;
                     lane.since_signal[q] = 0;
-                } else {
-                    lane.unsignalled[q].push_back(p.wr.wr_id);
                 }
+                lane.posted[q].push_back((p.wr.wr_id, signalled));
                 p.wr.sg_list = p.sges.as_mut_ptr();
                 p.wr.next = ptr::null_mut();
             }
@@ -221,13 +221,13 @@ impl VerbsTransport {
                 let e = call_error(&self.caps.provider, "ibv_post_send", r);
                 let first_bad = (start..end).find(|&i| ptr::eq(&pending[i].wr, bad)).unwrap_or(start);
                 for p in &pending[first_bad..end] {
-                    lane.unsignalled[q].retain(|&id| id != p.wr.wr_id);
+                    lane.posted[q].retain(|&(id, _)| id != p.wr.wr_id);
                     self.ready.push((
                         l,
                         Completion::Op { id: p.wr.wr_id, len: 0, imm: None, status: Err(e.clone()) },
                     ));
                 }
-                fail_lane(lane, format!("posting failed: {e}"));
+                fail_lane(lane, format!("posting failed: {e}"), FailureClass::Other);
             }
             start = end;
         }
@@ -264,10 +264,12 @@ impl VerbsTransport {
                     let r = self.post_notify_recvs(lane, 1);
                     if r != 0 {
                         let e = call_error(provider, "ibv_post_recv", r);
-                        fail_lane(&mut self.lanes[l], format!("re-posting a notify receive failed: {e}"));
+                        let why = format!("re-posting a notify receive failed: {e}");
+                        fail_lane(&mut self.lanes[l], why, FailureClass::Other);
                     }
                 } else if !ok && status != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
-                    fail_lane(lane, wc_error(provider, status, vendor).to_string());
+                    let e = wc_error(provider, status, vendor);
+                    fail_lane(lane, e.to_string(), e.class);
                 }
                 continue;
             }
@@ -276,9 +278,21 @@ impl VerbsTransport {
             let status = if ok {
                 Ok(())
             } else {
-                let e = wc_error(provider, status, vendor);
-                if e.class != FailureClass::Cancelled {
-                    fail_lane(lane, e.to_string());
+                let mut e = wc_error(provider, status, vendor);
+                match &lane.failed {
+                    // Flushed because the lane failed: say why, and a lost peer stays a lost
+                    // peer for every op it took down.
+                    Some((why, class)) if e.class == FailureClass::Cancelled => {
+                        if *class == FailureClass::PeerUnreachable {
+                            e.class = *class;
+                        }
+                        e.text = format!("{}; the queue pair failed before: {why}", e.text);
+                    }
+                    _ => {
+                        if e.class != FailureClass::Cancelled {
+                            fail_lane(lane, e.to_string(), e.class);
+                        }
+                    }
                 }
                 Err(e)
             };
@@ -293,11 +307,12 @@ impl VerbsTransport {
             // A send-queue completion: everything posted before it on its QP is done too.
             // SAFETY: reading the QP number of our live QP.
             let q = if unsafe { (*lane.qp[NOTIFY]).qp_num } == qpn { NOTIFY } else { DATA };
-            while let Some(&front) = lane.unsignalled[q].front() {
-                lane.unsignalled[q].pop_front();
+            // Completions come in posting order, so what precedes `id` is unsignalled.
+            while let Some((front, signalled)) = lane.posted[q].pop_front() {
                 if front == id {
                     break;
                 }
+                debug_assert!(!signalled, "a signalled request completes before those after it");
                 out.push((l, Completion::Op { id: front, len: 0, imm: None, status: Ok(()) }));
             }
             out.push((l, Completion::Op { id, len: 0, imm: None, status }));
@@ -307,10 +322,10 @@ impl VerbsTransport {
 }
 
 /// Mark a lane failed (first reason kept).
-fn fail_lane(lane: &mut Lane, why: String) {
+fn fail_lane(lane: &mut Lane, why: String, class: FailureClass) {
     if lane.failed.is_none() {
         tracing::warn!(reason = %why, "verbs: a lane's queue pair is in the error state");
-        lane.failed = Some(why);
+        lane.failed = Some((why, class));
     }
     // Make sure the device flushes everything posted, unsignalled requests included.
     for &qp in &lane.qp {
@@ -366,7 +381,7 @@ impl Transport for VerbsTransport {
             psn,
             connected: false,
             failed: None,
-            unsignalled: Default::default(),
+            posted: Default::default(),
             since_signal: [0; 2],
             recvs: 0,
         };
@@ -478,10 +493,11 @@ impl Transport for VerbsTransport {
                 format!("post: no lane {}", wr.lane),
             )));
         };
-        if let Some(why) = &lane.failed {
+        if let Some((why, class)) = &lane.failed {
+            let class = if *class == FailureClass::PeerUnreachable { *class } else { FailureClass::Other };
             return Err(PostError::Failed(plain(
                 prov,
-                FailureClass::Other,
+                class,
                 format!("the lane's queue pair is in the error state ({why}); establish the endpoint again"),
             )));
         }
@@ -538,10 +554,10 @@ impl Transport for VerbsTransport {
                 "post: the lane is not connected yet".into(),
             )));
         }
-        // Keep the send queue from overflowing: unsignalled and pending requests hold slots.
+        // Keep the send queue from overflowing: posted and pending requests hold its slots.
         let q = if matches!(wr.kind, WrKind::Write { imm: Some(_), .. }) { NOTIFY } else { DATA };
         let held =
-            lane.unsignalled[q].len() + self.pending.iter().filter(|p| p.lane == wr.lane && p.q == q).count();
+            lane.posted[q].len() + self.pending.iter().filter(|p| p.lane == wr.lane && p.q == q).count();
         if held + SIGNAL_EVERY as usize * 2 >= self.qp_caps.send_wr as usize {
             self.flush();
             return Err(PostError::Again);
