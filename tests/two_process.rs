@@ -140,7 +140,7 @@ fn a_restarted_peer_can_be_reached_again() {
 fn a_frozen_peer_is_lost_after_the_peer_timeout() {
     for p in providers() {
         let peer = PeerProcess::spawn(PEER, p);
-        bounded(30, async {
+        bounded(60, async {
             let rt = rdmalane::Runtime::builder()
                 .backend(rdmalane_verbs::Verbs)
                 .backend(rdmalane_efa::Libfabric)
@@ -159,7 +159,12 @@ fn a_frozen_peer_is_lost_after_the_peer_timeout() {
             let waited = t0.elapsed();
             let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
             assert!(r.as_ref().is_err_and(|e| e.is_peer_lost()), "{p}: {r:?}");
-            assert!(waited < Duration::from_secs(3), "{p}: noticed after {waited:?}");
+            // RDMALANE_PEER_TIMEOUT_MS overrides the builder (the Soft-RoCE VM sets it).
+            let timeout = std::env::var("RDMALANE_PEER_TIMEOUT_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(Duration::from_millis(900), Duration::from_millis);
+            assert!(waited < timeout + Duration::from_secs(2), "{p}: noticed after {waited:?}");
             eprintln!("{p}: frozen peer lost after {waited:?}");
         });
     }

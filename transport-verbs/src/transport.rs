@@ -280,12 +280,12 @@ impl VerbsTransport {
             } else {
                 let mut e = wc_error(provider, status, vendor);
                 match &lane.failed {
-                    // Flushed because the lane failed: say why, and a lost peer stays a lost
-                    // peer for every op it took down.
-                    Some((why, class)) if e.class == FailureClass::Cancelled => {
-                        if *class == FailureClass::PeerUnreachable {
-                            e.class = *class;
-                        }
+                    // Flushed because the lane failed: the connection to the peer is gone
+                    // (a killed peer shows as retries exceeded or, when its registrations went
+                    // first, as an access error), so every op it took down is a lost peer,
+                    // with the cause.
+                    Some((why, _)) if e.class == FailureClass::Cancelled => {
+                        e.class = FailureClass::PeerUnreachable;
                         e.text = format!("{}; the queue pair failed before: {why}", e.text);
                     }
                     _ => {
@@ -493,11 +493,10 @@ impl Transport for VerbsTransport {
                 format!("post: no lane {}", wr.lane),
             )));
         };
-        if let Some((why, class)) = &lane.failed {
-            let class = if *class == FailureClass::PeerUnreachable { *class } else { FailureClass::Other };
+        if let Some((why, _)) = &lane.failed {
             return Err(PostError::Failed(plain(
                 prov,
-                class,
+                FailureClass::PeerUnreachable,
                 format!("the lane's queue pair is in the error state ({why}); establish the endpoint again"),
             )));
         }
