@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing rdmalane needs on Debian 12 (as root): libfabric headers and
-# tools (fi_info, fi_pingpong), rdma-core and perftest (the verbs backend and its baseline), libclang for bindgen, pkg-config, valgrind; and a Rust toolchain
-# if none.
+# tools (fi_info, fi_pingpong), rdma-core and perftest (the verbs backend and its baseline; the
+# Soft-RoCE VM installs qemu itself), libclang for bindgen, pkg-config, valgrind; and a Rust
+# toolchain if none.
 set -euo pipefail
 pkgs=(libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev ibverbs-providers rdma-core perftest
   clang libclang-dev pkg-config ca-certificates curl valgrind)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tests: unit, property and conformance tests on real libfabric providers (tcp;ofi_rxm and
-# shm), one process and two; then the lints the project holds itself to.
+# shm), one process and two; the same conformance suite on verbs (Soft-RoCE in a throw-away VM);
+# then the lints the project holds itself to.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -16,6 +17,8 @@ for ex in write_remote rpc_echo kv_pages block_store mixed_tenants; do
   done
 done
 timeout 180 cargo run -q -p rdmalane-examples --example kv_pages -- --provider tcp --rails 2 >/dev/null
+# The conformance suite again on verbs: rxe0 inside a qemu VM (this kernel has no RDMA).
+./scripts/test-verbs.sh
 # The drop storm again under valgrind: no use-after-free or invalid access while 10,000 ops are
 # dropped at random points and the runtime shuts down with ops in flight.
 RDMALANE_UNDER_VALGRIND=1 RDMALANE_PEER_TIMEOUT_MS=120000 \

@@ -93,6 +93,15 @@ pub enum Engine {
     Raw,
 }
 
+/// What `lat` ping-pongs with.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LatOp {
+    /// send/recv, as fi_pingpong and ib_send_lat.
+    Send,
+    /// One-sided writes, each side polling its memory for the peer's, as ib_write_lat.
+    Write,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct Common {
     /// tcp, shm, efa, verbs, or a full libfabric provider string.
@@ -135,4 +144,20 @@ pub struct Common {
     /// Local fabric address to bind (tcp across hosts).
     #[arg(long)]
     pub node: Option<String>,
+    /// lat: send (default on libfabric, like fi_pingpong) or write (default on verbs, like
+    /// perftest's ib_write_lat, its baseline there). The raw engine always uses send.
+    #[arg(long, value_enum)]
+    pub op: Option<LatOp>,
+}
+
+impl Common {
+    /// The op `lat` uses on this provider.
+    pub fn lat_op(&self) -> LatOp {
+        match (self.op, self.engine) {
+            (_, Engine::Raw) => LatOp::Send,
+            (Some(op), _) => op,
+            (None, _) if rdmalane_verbs::is_verbs(&self.provider) => LatOp::Write,
+            (None, _) => LatOp::Send,
+        }
+    }
 }

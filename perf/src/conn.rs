@@ -9,7 +9,7 @@ use rdmalane::transport::PeerAddr;
 use rdmalane::{Driver, Endpoint, Runtime};
 use rdmalane_efa::raw::RawEngine;
 
-use crate::cli::{Common, Engine};
+use crate::cli::{Common, Engine, LatOp};
 
 pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
 
@@ -45,6 +45,7 @@ impl ServerChild {
             .args(["--size", &a.size.to_string(), "--iters", &a.iters.to_string()])
             .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
             .args(extra)
+            .args(a.op.iter().flat_map(|op| ["--op", if *op == LatOp::Write { "write" } else { "send" }]))
             .stdout(Stdio::piped())
             .spawn()?;
         let mut out = BufReader::new(child.stdout.take().expect("piped"));

@@ -6,7 +6,7 @@ use hdrhistogram::Histogram;
 use rdmalane::transport::{Access, Completion, PostError, Posted, WrKind};
 use rdmalane::{Endpoint, Runtime};
 
-use crate::cli::{Common, Engine};
+use crate::cli::{Common, Engine, LatOp};
 use crate::conn::{with_server, BoxErr, CpuMeter, RawConn, RtConn};
 use crate::report::{print, Progress, Val};
 
@@ -40,11 +40,12 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
     }
     print(
         a.json,
-        &format!("lat: {} B send/recv ping-pong over {provider}, engine {:?}", a.size, a.engine),
+        &format!("lat: {} B {:?} ping-pong over {provider}, engine {:?}", a.size, a.lat_op(), a.engine),
         &[
             ("bench", Val::S("lat".into())),
             ("provider", Val::S(provider)),
             ("engine", Val::S(format!("{:?}", a.engine).to_lowercase())),
+            ("op", Val::S(format!("{:?}", a.lat_op()).to_lowercase())),
             ("size", Val::I(a.size as u64)),
             ("iters", Val::I(a.iters as u64)),
             ("p50_us", Val::F(us(0.5))),
@@ -65,6 +66,9 @@ fn rt_side(
 ) -> Result<(), BoxErr> {
     let total = a.warmup + a.iters;
     let (rt, ep) = (&c.rt, &c.ep);
+    if a.lat_op() == LatOp::Write {
+        return rt.block_on(write_side(rt, ep, a, client, hist));
+    }
     rt.block_on(async {
         if client {
             pingpong(rt, ep, a.size, a.warmup, &mut Progress::new(false, 0)).await?;
@@ -91,6 +95,71 @@ fn rt_side(
         }
         Ok::<(), BoxErr>(())
     })
+}
+
+/// Write ping-pong, as perftest's ib_write_lat: each side exposes a buffer to the other and
+/// polls its last byte for the peer's sequence number; the client writes, the server answers
+/// with a write as soon as it sees it. One-way latency is half the client's round trip.
+async fn write_side(
+    rt: &Runtime,
+    ep: &Endpoint,
+    a: &Common,
+    client: bool,
+    hist: Option<&mut Histogram<u64>>,
+) -> Result<(), BoxErr> {
+    let size = a.size.max(1);
+    let mine = rt.expose(rt.alloc(size)?, Access::WRITE)?;
+    // Client first sends, server first receives: a send needs a posted receive on verbs.
+    let theirs = if client {
+        ep.send_descriptor(&mine.descriptor()).await?;
+        ep.recv_descriptor().await?
+    } else {
+        let d = ep.recv_descriptor().await?;
+        ep.send_descriptor(&mine.descriptor()).await?;
+        d
+    };
+    let mut src = rt.alloc(size)?;
+    let mut h = Histogram::<u64>::new(3)?;
+    let total = a.warmup + a.iters;
+    let mut progress = Progress::new(client && !a.json, total);
+    let last = size - 1;
+    for i in 0..total {
+        let seq = (i % 255) as u8 + 1;
+        let t0 = Instant::now();
+        if !client {
+            wait_byte(&mine, last, seq).await;
+        }
+        src[last] = seq;
+        let write = ep.write_remote(src, &theirs).start();
+        if client {
+            wait_byte(&mine, last, seq).await;
+            if i >= a.warmup {
+                h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+            }
+        }
+        let (r, b) = write.await;
+        r?;
+        src = b;
+        progress.tick(i);
+    }
+    progress.done();
+    if let Some(out) = hist {
+        *out = h;
+    }
+    Ok(())
+}
+
+/// Until byte `i` of `buf` is `v`, yielding to the driver (which turns the reactor) between
+/// looks.
+async fn wait_byte(buf: &rdmalane::ExposedBuf<rdmalane::RegisteredBuf>, i: usize, v: u8) {
+    std::future::poll_fn(|cx| {
+        if buf.peek(i) == Some(v) {
+            return std::task::Poll::Ready(());
+        }
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await;
 }
 
 /// `n` ping-pongs of `size` bytes, the receive posted before each send; one-way latencies

@@ -61,6 +61,10 @@ pub struct VerbsTransport {
     ready: Vec<(LaneId, Completion)>,
     /// Which request slots hold a receive (its completion's opcode is not reliable on errors).
     recv_slots: Vec<bool>,
+    /// The open lanes' ids, to walk them without allocating.
+    lane_ids: Vec<LaneId>,
+    /// Completions read in `poll`, reused.
+    scratch: Vec<(LaneId, Completion)>,
     wcs: Vec<ibv_wc>,
     efd: Arc<EventFd>,
     // Last: closed after everything made from it (fields drop after Drop::drop).
@@ -109,6 +113,8 @@ impl VerbsTransport {
             pending: Vec::with_capacity(POST_LIST),
             ready: Vec::new(),
             recv_slots: Vec::new(),
+            lane_ids: Vec::new(),
+            scratch: Vec::new(),
             // SAFETY: ibv_wc is plain data; zeroed entries are overwritten by ibv_poll_cq.
             wcs: (0..CQ_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
             efd: Arc::new(EventFd::new().map_err(|e| Error::Io {
@@ -389,6 +395,7 @@ impl Transport for VerbsTransport {
         // SAFETY: reading the QP numbers of the QPs just created.
         let qpn = unsafe { [(*qp[DATA]).qp_num, (*qp[NOTIFY]).qp_num] };
         let id = self.lanes.insert(lane);
+        self.lane_ids.push(id);
         if r != 0 {
             self.close_lane(id);
             return Err(self.err("ibv_post_recv(notify)", r));
@@ -422,6 +429,7 @@ impl Transport for VerbsTransport {
 
     fn close_lane(&mut self, lane: LaneId) {
         let Some(l) = self.lanes.try_remove(lane) else { return };
+        self.lane_ids.retain(|&id| id != lane);
         self.pending.retain(|p| p.lane != lane);
         self.ready.retain(|(id, _)| *id != lane);
         // SAFETY: destroying our QPs (after which the device touches none of their memory),
@@ -619,17 +627,16 @@ impl Transport for VerbsTransport {
         let before = out.len();
         let take = self.ready.len().min(max);
         out.extend(self.ready.drain(..take).map(|(_, c)| c));
-        let mut got = Vec::new();
-        let ids: Vec<LaneId> = self.lanes.iter().map(|(id, _)| id).collect();
-        for l in ids {
+        let mut got = std::mem::take(&mut self.scratch);
+        for k in 0..self.lane_ids.len() {
             let room = max - (out.len() - before);
             if room == 0 {
                 break;
             }
-            got.clear();
-            self.drain_cq(l, &mut got, room);
+            self.drain_cq(self.lane_ids[k], &mut got, room);
             out.extend(got.drain(..).map(|(_, c)| c));
         }
+        self.scratch = got;
         out.len() - before
     }
 
@@ -644,7 +651,7 @@ impl Transport for VerbsTransport {
         }
         // Arm every CQ, then look once more: a completion that arrived before arming raises
         // no event, so it must be found now or it would sleep through it.
-        let ids: Vec<LaneId> = self.lanes.iter().map(|(id, _)| id).collect();
+        let ids = self.lane_ids.clone();
         let mut found = Vec::new();
         for &l in &ids {
             // SAFETY: arming our live CQ.

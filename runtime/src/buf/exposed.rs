@@ -45,6 +45,19 @@ impl<B: IoBuf> ExposedBuf<B> {
         unsafe { std::slice::from_raw_parts(seg.ptr, seg.len) }
     }
 
+    /// Byte `i` as it is in memory now, read without the compiler caching it: for polling a
+    /// flag or sequence byte a peer writes (as perftest's write latency test does). `None`
+    /// past the end.
+    pub fn peek(&self, i: usize) -> Option<u8> {
+        let seg = self.buf.as_ref().expect("present until revoke or drop").seg();
+        if i >= seg.len {
+            return None;
+        }
+        // SAFETY: in bounds of memory `buf` owns while self lives; a volatile read of a byte a
+        // device may write concurrently is how device-shared memory is polled.
+        Some(unsafe { std::ptr::read_volatile(seg.ptr.add(i)) })
+    }
+
     /// Take the access back (waits until the registration is gone) and return the buffer.
     pub fn revoke(mut self) -> Result<B> {
         self.rt.deregister_now(self.mr.id)?;
