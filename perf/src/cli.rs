@@ -145,7 +145,7 @@ pub struct Common {
     #[arg(long)]
     pub node: Option<String>,
     /// lat: send (default on libfabric, like fi_pingpong) or write (default on verbs, like
-    /// perftest's ib_write_lat, its baseline there). The raw engine always uses send.
+    /// perftest's ib_write_lat, its baseline there). The raw engine uses send unless told.
     #[arg(long, value_enum)]
     pub op: Option<LatOp>,
 }
@@ -154,8 +154,8 @@ impl Common {
     /// The op `lat` uses on this provider.
     pub fn lat_op(&self) -> LatOp {
         match (self.op, self.engine) {
-            (_, Engine::Raw) => LatOp::Send,
             (Some(op), _) => op,
+            (None, Engine::Raw) => LatOp::Send,
             (None, _) if rdmalane_verbs::is_verbs(&self.provider) => LatOp::Write,
             (None, _) => LatOp::Send,
         }

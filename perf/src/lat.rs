@@ -97,6 +97,44 @@ fn rt_side(
     })
 }
 
+/// The write ping-pong on the raw engine: the same rounds as `write_side`, no runtime.
+fn raw_write_side(
+    c: &mut RawConn,
+    a: &Common,
+    client: bool,
+    mut hist: Option<&mut Histogram<u64>>,
+) -> Result<(), BoxErr> {
+    let size = a.size.max(1);
+    let mine = c.eng.alloc(size, Access::WRITE)?;
+    let src = c.eng.alloc(size, Access::LOCAL)?;
+    let (addr, key) = c.eng.remote(mine);
+    c.put(addr)?;
+    c.put(key)?;
+    let (raddr, rkey) = (c.get()?, c.get()?);
+    let last = size - 1;
+    let mut comps = Vec::with_capacity(16);
+    for i in 0..a.warmup + a.iters {
+        let seq = (i % 255) as u8 + 1;
+        let t0 = Instant::now();
+        if !client {
+            while c.eng.peek(mine, last) != Some(seq) {}
+        }
+        c.eng.bytes(src)[last] = seq;
+        let kind = WrKind::Write { remote_addr: raddr, key: rkey, imm: None };
+        let id = post(c, 3, kind, src, size)?;
+        if client {
+            while c.eng.peek(mine, last) != Some(seq) {}
+            if i >= a.warmup {
+                if let Some(h) = hist.as_deref_mut() {
+                    h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+                }
+            }
+        }
+        wait_for(c, id.into_iter().collect(), &mut comps)?;
+    }
+    Ok(())
+}
+
 /// Write ping-pong, as perftest's ib_write_lat: each side exposes a buffer to the other and
 /// polls its last byte for the peer's sequence number; the client writes, the server answers
 /// with a write as soon as it sees it. One-way latency is half the client's round trip.
@@ -149,18 +187,25 @@ async fn write_side(
     Ok(())
 }
 
-/// Until byte `i` of `buf` is `v`, yielding to the driver (which turns the reactor) between
-/// looks.
+/// Until byte `i` of `buf` is `v`. The peer's write lands without our reactor, so this spins
+/// on memory and yields to the driver (which turns the reactor, reaping our own completions)
+/// only every so many looks, as ib_write_lat polls its completion queue only now and then.
 async fn wait_byte(buf: &rdmalane::ExposedBuf<rdmalane::RegisteredBuf>, i: usize, v: u8) {
     std::future::poll_fn(|cx| {
-        if buf.peek(i) == Some(v) {
-            return std::task::Poll::Ready(());
+        for _ in 0..SPINS_PER_TURN {
+            if buf.peek(i) == Some(v) {
+                return std::task::Poll::Ready(());
+            }
+            std::hint::spin_loop();
         }
         cx.waker().wake_by_ref();
         std::task::Poll::Pending
     })
     .await;
 }
+
+/// Looks at the polled byte between two turns of the reactor in the write ping-pong.
+const SPINS_PER_TURN: usize = 256;
 
 /// `n` ping-pongs of `size` bytes, the receive posted before each send; one-way latencies
 /// (half round trips) in ns.
@@ -236,6 +281,9 @@ fn raw_side(
     client: bool,
     mut hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
+    if a.op == Some(LatOp::Write) {
+        return raw_write_side(c, a, client, hist);
+    }
     let total = a.warmup + a.iters;
     let s = c.eng.alloc(a.size, Access::LOCAL)?;
     let r = c.eng.alloc(a.size, Access::LOCAL)?;

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 
 use crate::endpoint::Endpoint;
@@ -164,7 +164,7 @@ fn prove(secret: &[u8], their_nonce: &[u8; 32], my_nonce: &[u8; 32], my_id: u64)
 }
 
 /// Read one hello, refusing anything malformed before allocating more than `MAX_FIELD`.
-async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
+async fn read_hello<R: AsyncRead + Unpin>(s: &mut R) -> std::result::Result<Hello, String> {
     let mut head = [0u8; 14];
     s.read_exact(&mut head).await.map_err(|e| format!("reading hello: {e}"))?;
     if &head[0..4] != MAGIC {
@@ -204,7 +204,7 @@ async fn read_hello(s: &mut TcpStream) -> std::result::Result<Hello, String> {
     Ok(Hello { id, nonce, auth, provider, rails, names })
 }
 
-async fn read_field(s: &mut TcpStream, max: usize) -> std::result::Result<Vec<u8>, String> {
+async fn read_field<R: AsyncRead + Unpin>(s: &mut R, max: usize) -> std::result::Result<Vec<u8>, String> {
     let mut len = [0u8; 2];
     s.read_exact(&mut len).await.map_err(|e| format!("reading hello: {e}"))?;
     let len = u16::from_le_bytes(len) as usize;
@@ -375,4 +375,47 @@ fn watch_peer(rt: Runtime, slot: usize, s: TcpStream) -> tokio::task::JoinHandle
             rt.peer_lost(slot, reason);
         }
     })
+}
+
+/// Decode one hello from `bytes` as the listener would read it from a socket: the fuzz target
+/// and the property tests drive the real decoder through this. Returns the lane addresses.
+pub(crate) fn decode_hello(mut bytes: &[u8]) -> std::result::Result<Vec<Vec<u8>>, String> {
+    futures::executor::block_on(read_hello(&mut bytes)).map(|h| h.names)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn sample(names: Vec<Vec<u8>>, provider: String, rails: u8) -> Hello {
+        Hello { id: 7, nonce: [3; 32], auth: false, provider, rails, names }
+    }
+
+    proptest! {
+        #[test]
+        fn hellos_round_trip(
+            names in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..8),
+            provider in "[a-z;_]{0,40}",
+            rails in 1u8..=32,
+        ) {
+            let bytes = encode(&sample(names.clone(), provider, rails));
+            prop_assert_eq!(decode_hello(&bytes), Ok(names));
+        }
+
+        #[test]
+        fn any_bytes_decode_or_fail_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = decode_hello(&bytes);
+        }
+
+        #[test]
+        fn cut_or_flipped_hellos_fail_cleanly(cut in 0usize..200, flip in 0usize..200, bit in 0u8..8) {
+            let mut bytes = encode(&sample(vec![vec![9; 40]; 3], "tcp;ofi_rxm".into(), 2));
+            let flip = flip % bytes.len();
+            bytes[flip] ^= 1 << bit;
+            bytes.truncate(cut.min(bytes.len()));
+            let _ = decode_hello(&bytes);
+        }
+    }
 }

@@ -19,6 +19,8 @@ mod bootstrap;
 pub mod buf;
 mod endpoint;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod imm;
 mod op;
 mod reactor;

@@ -98,6 +98,18 @@ impl RawEngine {
         unsafe { std::slice::from_raw_parts_mut(m.ptr.as_ptr(), m.layout.size()) }
     }
 
+    /// Byte `i` of buffer `mem` as memory holds it now (a volatile read: for polling a byte a
+    /// peer writes, as perftest's write latency test does); `None` out of range.
+    pub fn peek(&self, mem: usize, i: usize) -> Option<u8> {
+        let m = self.mems.get(mem)?;
+        if i >= m.layout.size() {
+            return None;
+        }
+        // SAFETY: in bounds of memory the engine owns; a volatile read of a byte a device may
+        // write concurrently.
+        Some(unsafe { std::ptr::read_volatile(m.ptr.as_ptr().add(i)) })
+    }
+
     fn seg(&self, mem: usize, off: usize, len: usize) -> Result<LocalSeg, PostError> {
         let m = self.mems.get(mem).ok_or_else(|| bad("no such buffer"))?;
         if off.checked_add(len).is_none_or(|e| e > m.layout.size()) {

@@ -68,7 +68,13 @@ impl LaneName {
             qpn: [u32_at(24), u32_at(32)],
             psn: [u32_at(28), u32_at(36)],
         };
-        if n.qpn.contains(&0) || !(1..=5).contains(&n.mtu) || n.psn.iter().any(|p| p >> 24 != 0) {
+        let reserved_clear = b[40..].iter().all(|&x| x == 0);
+        if n.qpn.contains(&0)
+            || !(1..=5).contains(&n.mtu)
+            || n.psn.iter().any(|p| p >> 24 != 0)
+            || b[6] > 1
+            || !reserved_clear
+        {
             return Err(format!("peer lane address is malformed: {n:?}"));
         }
         Ok(n)

@@ -59,3 +59,14 @@ impl Backend for Verbs {
 pub fn is_verbs(provider: &str) -> bool {
     provider == "verbs" || provider.starts_with("verbs:")
 }
+
+/// Entry points for the fuzz targets (`fuzz/`); not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Decode a peer's lane address; what decodes must encode back to the same bytes.
+    pub fn lane_address(bytes: &[u8]) {
+        if let Ok(n) = crate::lane::LaneName::decode(bytes) {
+            assert_eq!(n.encode(), bytes, "lane address round trip");
+        }
+    }
+}

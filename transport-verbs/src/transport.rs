@@ -554,6 +554,10 @@ impl Transport for VerbsTransport {
             self.recv_slots[slot] = true;
             return Ok(Posted::Queued);
         }
+        // The slot may have held a receive on a lane closed since: it is a send's now.
+        if let Some(r) = self.recv_slots.get_mut((wr.id & WR_SLOT_MASK) as usize) {
+            *r = false;
+        }
         if !lane.connected {
             return Err(PostError::Failed(plain(
                 prov,

@@ -1,0 +1,16 @@
+//! Entry points for the fuzz targets (`fuzz/`, `scripts/fuzz.sh`): the decoders a peer's bytes
+//! reach, driven exactly as the runtime drives them. Not part of the API.
+
+/// Decode a handshake hello from raw bytes; `Ok` with the lane addresses it carried.
+pub fn hello(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    crate::bootstrap::decode_hello(bytes)
+}
+
+/// Decode a descriptor; a decoded one must encode back to the same bytes and decode again to
+/// an equal descriptor (panics otherwise, which the fuzzer reports).
+pub fn descriptor(bytes: &[u8]) {
+    if let Ok(d) = crate::RemoteBuf::from_bytes(bytes) {
+        let again = crate::RemoteBuf::from_bytes(&d.to_bytes()).expect("a decoded descriptor re-encodes");
+        assert_eq!(again.to_bytes(), d.to_bytes(), "descriptor round trip");
+    }
+}
