@@ -19,6 +19,9 @@ done
 timeout 180 cargo run -q -p rdmalane-examples --example kv_pages -- --provider tcp --rails 2 >/dev/null
 # The conformance suite again on verbs: rxe0 inside a qemu VM (this kernel has no RDMA).
 ./scripts/test-verbs.sh
+# Fuzz the decoders a peer's bytes reach (handshake, descriptors, verbs lane addresses): a
+# bounded cargo-fuzz run of each target under AddressSanitizer.
+./scripts/fuzz.sh
 # The drop storm again under valgrind: no use-after-free or invalid access while 10,000 ops are
 # dropped at random points and the runtime shuts down with ops in flight.
 RDMALANE_UNDER_VALGRIND=1 RDMALANE_PEER_TIMEOUT_MS=120000 \
