@@ -107,8 +107,13 @@ impl<B: Send, T> Op<B, T> {
     }
 
     fn submit(&mut self) {
-        if let Inner::Unsubmitted(rt, req, cell) = &mut self.inner {
-            let (rt, req, cell) = (rt.clone(), req.take().expect("submitted once"), cell.clone());
+        if !matches!(self.inner, Inner::Unsubmitted(..)) {
+            return;
+        }
+        // Moved out, not cloned: each Arc clone and drop is an atomic on the hot path.
+        if let Inner::Unsubmitted(rt, Some(req), cell) =
+            std::mem::replace(&mut self.inner, Inner::Ready(None))
+        {
             self.inner = Inner::Pending(cell);
             rt.submit(req);
         }
