@@ -15,7 +15,7 @@ use slab::Slab;
 use crate::ffi;
 use crate::info::{self, InfoList};
 use crate::util::{classify, fi_error, terr};
-use crate::wait::EventFd;
+use rdmalane_wake::EventFd;
 
 /// Completion entries read per `fi_cq_read`.
 const CQ_BATCH: usize = 64;

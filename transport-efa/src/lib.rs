@@ -16,7 +16,6 @@ pub mod ffi;
 mod info;
 pub mod raw;
 mod util;
-mod wait;
 
 pub use fabric::FabricTransport;
 pub use info::provider_string;

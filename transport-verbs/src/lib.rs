@@ -23,7 +23,6 @@ mod device;
 mod lane;
 mod status;
 pub mod transport;
-mod wait;
 
 pub use device::{devices, DeviceSpec};
 pub use transport::VerbsTransport;

@@ -17,7 +17,7 @@ use slab::Slab;
 use crate::device::{Device, DeviceSpec};
 use crate::lane::{self, Lane, LaneName, QpCaps, DATA, NOTIFY};
 use crate::status::{call_error, plain, wc_error};
-use crate::wait::{set_nonblocking, EventFd};
+use rdmalane_wake::{set_nonblocking, EventFd};
 
 /// Work completions read per `ibv_poll_cq`.
 const CQ_BATCH: usize = 64;
@@ -577,36 +577,25 @@ impl Transport for VerbsTransport {
         let mut swr: rdma_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
         swr.wr_id = wr.id;
         swr.num_sge = n as i32;
-        let key32 = |key: u64| u32::try_from(key).ok();
+        // One-sided requests name the peer's region by a 32-bit rkey; a wider key is none of
+        // this device's.
+        if let WrKind::Write { remote_addr, key, .. } | WrKind::Read { remote_addr, key } = wr.kind {
+            let Ok(rkey) = u32::try_from(key) else {
+                return Err(PostError::Failed(plain(
+                    prov,
+                    FailureClass::RemoteAccess,
+                    format!("key {key:#x} is not a verbs rkey"),
+                )));
+            };
+            swr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
+        }
         let (opcode, inline_ok) = match wr.kind {
-            WrKind::Write { remote_addr, key, imm } => {
-                let Some(rkey) = key32(key) else {
-                    return Err(PostError::Failed(plain(
-                        prov,
-                        FailureClass::RemoteAccess,
-                        format!("key {key:#x} is not a verbs rkey"),
-                    )));
-                };
-                swr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
-                match imm {
-                    Some(v) => {
-                        swr.imm_data_invalidated_rkey_union.imm_data = (v as u32).to_be();
-                        (rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, true)
-                    }
-                    None => (rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, true),
-                }
+            WrKind::Write { imm: Some(v), .. } => {
+                swr.imm_data_invalidated_rkey_union.imm_data = (v as u32).to_be();
+                (rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, true)
             }
-            WrKind::Read { remote_addr, key } => {
-                let Some(rkey) = key32(key) else {
-                    return Err(PostError::Failed(plain(
-                        prov,
-                        FailureClass::RemoteAccess,
-                        format!("key {key:#x} is not a verbs rkey"),
-                    )));
-                };
-                swr.wr.rdma = rdma_sys::rdma_t { remote_addr, rkey };
-                (rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_READ, false)
-            }
+            WrKind::Write { imm: None, .. } => (rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE, true),
+            WrKind::Read { .. } => (rdma_sys::ibv_wr_opcode::IBV_WR_RDMA_READ, false),
             WrKind::Send { imm: Some(v) } => {
                 swr.imm_data_invalidated_rkey_union.imm_data = (v as u32).to_be();
                 (rdma_sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, true)

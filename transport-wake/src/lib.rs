@@ -1,15 +1,17 @@
-//! The reactor's sleep: poll(2) on the CQ's file descriptor (where the provider has one) and an
-//! eventfd that submitters write to wake it.
+//! The reactor's sleep, shared by the transports: poll(2) on completion queues' file descriptors
+//! (libfabric's FI_WAIT_FD, a verbs completion channel) and an eventfd that submitters write to
+//! wake it.
 use std::io;
 use std::time::Duration;
 
 use rdmalane::transport::Notify;
 
-/// An eventfd, closed on drop.
-pub(crate) struct EventFd(i32);
+/// An eventfd, closed on drop; it is the transport's [`Notify`].
+pub struct EventFd(i32);
 
 impl EventFd {
-    pub(crate) fn new() -> io::Result<EventFd> {
+    /// A new nonblocking eventfd.
+    pub fn new() -> io::Result<EventFd> {
         // SAFETY: plain syscall; the fd is owned by the returned value.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -20,7 +22,7 @@ impl EventFd {
 
     /// Sleep until one of `fds` or the eventfd is readable, or `timeout` passes; drains the
     /// eventfd.
-    pub(crate) fn wait(&self, fds: &[i32], timeout: Duration) {
+    pub fn wait(&self, fds: &[i32], timeout: Duration) {
         let mut pfds = Vec::with_capacity(1 + fds.len());
         pfds.push(libc::pollfd { fd: self.0, events: libc::POLLIN, revents: 0 });
         pfds.extend(fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
@@ -53,9 +55,9 @@ impl Drop for EventFd {
     }
 }
 
-/// Make `fd` nonblocking (the completion channel: events are drained without blocking).
-pub(crate) fn set_nonblocking(fd: i32) -> io::Result<()> {
-    // SAFETY: fcntl on an fd we own, with plain integer flags.
+/// Make `fd` nonblocking (a verbs completion channel: events are drained without blocking).
+pub fn set_nonblocking(fd: i32) -> io::Result<()> {
+    // SAFETY: fcntl on an fd the caller owns, with plain integer flags.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     // SAFETY: as above.
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
