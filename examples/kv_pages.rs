@@ -87,8 +87,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let cache = decode.expose(decode.alloc(cache_len)?, Access::WRITE)?;
-    to_prefill.send_descriptor(&cache.descriptor()).await?;
-    let remote = to_decode.recv_descriptor().await?;
+    // Both at once: on verbs (RC) a message is delivered only into a receive already posted.
+    let desc = cache.descriptor();
+    let ((), remote) = tokio::try_join!(to_prefill.send_descriptor(&desc), to_decode.recv_descriptor())?;
 
     // One batch per layer: the layer's pages sit `layers` pages apart on both sides.
     let stride = a.layers * a.page;

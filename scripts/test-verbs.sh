@@ -3,13 +3,19 @@
 # throw-away Soft-RoCE VM (scripts/softroce-vm.sh) against rxe0, with the same assertions as on
 # tcp and shm (RDMALANE_TEST_PROVIDERS=verbs), plus the verbs-only tests. Each binary is bounded;
 # a hang is a failure.
-#   scripts/test-verbs.sh [TEST ...]    (default: every conformance test that runs on verbs)
+#   scripts/test-verbs.sh [TEST ...]    (default: every conformance test, then every example)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(one_process two_process batch mr_cache idle faults drop_storm soak verbs)
+examples=""
+if [ ${#tests[@]} -eq 0 ]; then
+  tests=(one_process two_process batch mr_cache idle faults drop_storm soak verbs)
+  # The examples too, unchanged, with --provider verbs.
+  examples="write_remote rpc_echo kv_pages block_store mixed_tenants"
+  cargo build -q -p rdmalane-examples --examples
+fi
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
 # The paths of the test binaries, from cargo's own report.
@@ -31,5 +37,11 @@ for b in "$@"; do
   echo "verbs: $name: $r in $(( $(date +%s) - start )) s: $(grep -E "^test result" "/tmp/$name.log" | tail -1)"
   [ "$r" = ok ] || grep -vE "^ +[0-9]+: |^ +at " "/tmp/$name.log" | tail -40
 done
+for ex in $EXAMPLES; do
+  start=$(date +%s)
+  if timeout 600 "target/debug/examples/$ex" --provider verbs >"/tmp/$ex.log" 2>&1; then r=ok; else r="FAILED (rc $?)"; fails=$((fails+1)); fi
+  echo "verbs: example $ex: $r in $(( $(date +%s) - start )) s"
+  [ "$r" = ok ] || tail -20 "/tmp/$ex.log"
+done
 exit $fails'
-scripts/softroce-vm.sh -T 3000 -- bash -c "$inner" verbs-suite "${bins[@]}"
+EXAMPLES="$examples" scripts/softroce-vm.sh -T 3000 -- bash -c "$inner" verbs-suite "${bins[@]}"
