@@ -19,6 +19,8 @@ done
 timeout 180 cargo run -q -p rdmalane-examples --example kv_pages -- --provider tcp --rails 2 >/dev/null
 # The conformance suite again on verbs: rxe0 inside a qemu VM (this kernel has no RDMA).
 ./scripts/test-verbs.sh
+# The libfabric backend also compiles against libfabric 2.x headers (Debian trixie's).
+./scripts/check-libfabric2.sh
 # Fuzz the decoders a peer's bytes reach (handshake, descriptors, verbs lane addresses): a
 # bounded cargo-fuzz run of each target under AddressSanitizer.
 ./scripts/fuzz.sh

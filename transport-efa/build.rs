@@ -16,7 +16,8 @@ fn main() {
     let mut parts = lib.version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     let (major, minor) = (parts.next().unwrap_or(1), parts.next().unwrap_or(0));
     // Emit one cfg per known minor so code can say #[cfg(fi_1_18)] for "1.18 or newer".
-    let known = [(1, 17), (1, 18), (1, 19), (1, 20), (1, 21), (1, 22), (2, 0), (2, 1), (2, 2)];
+    let known =
+        [(1, 17), (1, 18), (1, 19), (1, 20), (1, 21), (1, 22), (2, 0), (2, 1), (2, 2), (2, 3), (2, 4)];
     for (ma, mi) in known {
         println!("cargo::rustc-check-cfg=cfg(fi_{ma}_{mi})");
         if (major, minor) >= (ma, mi) {
