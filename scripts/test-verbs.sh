@@ -37,7 +37,7 @@ for b in "$@"; do
   echo "verbs: $name: $r in $(( $(date +%s) - start )) s: $(grep -E "^test result" "/tmp/$name.log" | tail -1)"
   [ "$r" = ok ] || grep -vE "^ +[0-9]+: |^ +at " "/tmp/$name.log" | tail -40
 done
-for ex in $EXAMPLES; do
+for ex in ${EXAMPLES:-}; do
   start=$(date +%s)
   if timeout 600 "target/debug/examples/$ex" --provider verbs >"/tmp/$ex.log" 2>&1; then r=ok; else r="FAILED (rc $?)"; fails=$((fails+1)); fi
   echo "verbs: example $ex: $r in $(( $(date +%s) - start )) s"
