@@ -107,6 +107,9 @@ pub(crate) struct QpCaps {
     pub(crate) recv_wr: u32,
     pub(crate) sge: u32,
     pub(crate) inline: u32,
+    /// Reads in flight per QP: as responder (max_qp_rd_atom) and as initiator
+    /// (max_qp_init_rd_atom).
+    pub(crate) rd_atom: (u8, u8),
 }
 
 /// Create an RC queue pair on `cq` and bring it to INIT; `caps.inline` is lowered to what
@@ -167,6 +170,7 @@ pub(crate) fn connect_qp(
     dev: &Device,
     peer: &LaneName,
     q: usize,
+    rd_atom: (u8, u8),
 ) -> Result<(), String> {
     // SAFETY: a zeroed ibv_qp_attr is valid; only the masked fields are read.
     let mut a: rdma_sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -174,7 +178,7 @@ pub(crate) fn connect_qp(
     a.path_mtu = dev.active_mtu.min(peer.mtu as u32);
     a.dest_qp_num = peer.qpn[q];
     a.rq_psn = peer.psn[q];
-    a.max_dest_rd_atomic = 16;
+    a.max_dest_rd_atomic = rd_atom.0;
     // 12: 0.64 ms before a receiver-not-ready retry.
     a.min_rnr_timer = 12;
     a.ah_attr.port_num = dev.port;
@@ -207,7 +211,7 @@ pub(crate) fn connect_qp(
     // 7: retry forever while the peer has no receive posted (the runtime bounds the wait).
     a.rnr_retry = 7;
     a.sq_psn = my_psn;
-    a.max_rd_atomic = 16;
+    a.max_rd_atomic = rd_atom.1;
     let mask = m::IBV_QP_STATE
         | m::IBV_QP_TIMEOUT
         | m::IBV_QP_RETRY_CNT

@@ -91,6 +91,8 @@ impl VerbsTransport {
             return Err(open_error(&dev.name, "ibv_query_device"));
         }
         let depth = QUEUE_DEPTH.min(da.max_qp_wr.max(1) as u32);
+        // Outstanding reads per QP, as responder and as initiator, within the device's limits.
+        let rd_atom = (da.max_qp_rd_atom.clamp(1, 16) as u8, da.max_qp_init_rd_atom.clamp(1, 16) as u8);
         let sge = (MAX_SGE as u32).min(da.max_sge.max(1) as u32);
         let mut t = VerbsTransport {
             pd: ptr::null_mut(),
@@ -109,7 +111,7 @@ impl VerbsTransport {
                 rails: 1,
                 rail_numa: vec![rdmalane::topology::device_numa_node(&dev.name)],
             },
-            qp_caps: QpCaps { send_wr: depth, recv_wr: depth, sge, inline: INLINE_WANTED },
+            qp_caps: QpCaps { send_wr: depth, recv_wr: depth, sge, inline: INLINE_WANTED, rd_atom },
             pending: Vec::with_capacity(POST_LIST),
             ready: Vec::new(),
             recv_slots: Vec::new(),
@@ -273,9 +275,14 @@ impl VerbsTransport {
                         let why = format!("re-posting a notify receive failed: {e}");
                         fail_lane(&mut self.lanes[l], why, FailureClass::Other);
                     }
-                } else if !ok && status != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                } else if !ok && lane.failed.is_none() {
                     let e = wc_error(provider, status, vendor);
-                    fail_lane(lane, e.to_string(), e.class);
+                    let class = if e.class == FailureClass::Cancelled {
+                        FailureClass::PeerUnreachable
+                    } else {
+                        e.class
+                    };
+                    fail_lane(lane, e.to_string(), class);
                 }
                 continue;
             }
@@ -294,33 +301,40 @@ impl VerbsTransport {
                         e.class = FailureClass::PeerUnreachable;
                         e.text = format!("{}; the queue pair failed before: {why}", e.text);
                     }
-                    _ => {
-                        if e.class != FailureClass::Cancelled {
-                            fail_lane(lane, e.to_string(), e.class);
-                        }
+                    _ if e.class == FailureClass::Cancelled => {
+                        // Flushed with no failure seen here: the QP went to the error state
+                        // silently (an access error the peer made at our responder).
+                        e.class = FailureClass::PeerUnreachable;
+                        let why = "the queue pair was flushed (it entered the error state)".to_string();
+                        e.text = format!("{}; {why}", e.text);
+                        fail_lane(lane, why, FailureClass::PeerUnreachable);
                     }
+                    _ => fail_lane(lane, e.to_string(), e.class),
                 }
                 Err(e)
             };
             if is_recv {
                 self.recv_slots[slot] = false;
                 lane.recvs = lane.recvs.saturating_sub(1);
-                let imm = (flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+                // On an error only the id and status are valid.
+                let imm = (status.is_ok() && flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
                     .then_some(u32::from_be(imm_be) as u64);
-                out.push((l, Completion::Op { id, len: len as usize, imm, status }));
+                let len = if status.is_ok() { len as usize } else { 0 };
+                out.push((l, Completion::Op { id, len, imm, status }));
                 continue;
             }
             // A send-queue completion: everything posted before it on its QP is done too.
             // SAFETY: reading the QP number of our live QP.
             let q = if unsafe { (*lane.qp[NOTIFY]).qp_num } == qpn { NOTIFY } else { DATA };
-            // Completions come in posting order, so what precedes `id` is unsignalled.
-            while let Some((front, signalled)) = lane.posted[q].pop_front() {
-                if front == id {
-                    break;
-                }
-                debug_assert!(!signalled, "a signalled request completes before those after it");
+            // Completions come in posting order, so what precedes `id` is unsignalled and done.
+            // An id not in the queue was failed when its post failed: it retires nothing.
+            let Some(at) = lane.posted[q].iter().position(|&(p, _)| p == id) else {
+                continue;
+            };
+            for (front, _) in lane.posted[q].drain(..at) {
                 out.push((l, Completion::Op { id: front, len: 0, imm: None, status: Ok(()) }));
             }
+            lane.posted[q].pop_front();
             out.push((l, Completion::Op { id, len: 0, imm: None, status }));
         }
         n as usize
@@ -420,7 +434,7 @@ impl Transport for VerbsTransport {
             return Err(plain(&prov, FailureClass::Other, format!("connect_lane: no lane {lane}")));
         };
         for q in [DATA, NOTIFY] {
-            lane::connect_qp(l.qp[q], l.psn[q], &self.dev, &peer, q)
+            lane::connect_qp(l.qp[q], l.psn[q], &self.dev, &peer, q, self.qp_caps.rd_atom)
                 .map_err(|e| plain(&prov, FailureClass::PeerUnreachable, e))?;
         }
         l.connected = true;
@@ -432,16 +446,27 @@ impl Transport for VerbsTransport {
         self.lane_ids.retain(|&id| id != lane);
         self.pending.retain(|p| p.lane != lane);
         self.ready.retain(|(id, _)| *id != lane);
-        // SAFETY: destroying our QPs (after which the device touches none of their memory),
-        // then their CQ with whatever completions it still held; each once.
+        // SAFETY: our QPs, reset (the device drops their requests) and destroyed (it touches
+        // none of their memory after), then their CQ with whatever it still held; each once.
         unsafe {
+            let mut destroyed = true;
             for qp in l.qp {
+                let mut a: rdma_sys::ibv_qp_attr = std::mem::zeroed();
+                a.qp_state = rdma_sys::ibv_qp_state::IBV_QPS_RESET;
+                rdma_sys::ibv_modify_qp(qp, &mut a, rdma_sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32);
                 let r = rdma_sys::ibv_destroy_qp(qp);
                 if r != 0 {
-                    tracing::warn!(lane, errno = r, "ibv_destroy_qp");
+                    tracing::error!(
+                        lane,
+                        errno = r,
+                        "ibv_destroy_qp failed: the queue pair and its CQ are leaked"
+                    );
+                    destroyed = false;
                 }
             }
-            rdma_sys::ibv_destroy_cq(l.cq);
+            if destroyed {
+                rdma_sys::ibv_destroy_cq(l.cq);
+            }
         }
     }
 
@@ -541,7 +566,7 @@ impl Transport for VerbsTransport {
             // SAFETY: the caller keeps the memory valid and ours until the completion.
             let r = unsafe { rdma_sys::ibv_post_recv(lane.qp[DATA], &mut rwr, &mut bad) };
             if r != 0 {
-                return Err(if r == libc::ENOMEM {
+                return Err(if r.abs() == libc::ENOMEM {
                     PostError::Again
                 } else {
                     PostError::Failed(call_error(prov, "ibv_post_recv", r))
@@ -622,12 +647,16 @@ impl Transport for VerbsTransport {
         out.extend(self.ready.drain(..take).map(|(_, c)| c));
         let mut got = std::mem::take(&mut self.scratch);
         for k in 0..self.lane_ids.len() {
-            let room = max - (out.len() - before);
+            let room = max.saturating_sub(out.len() - before);
             if room == 0 {
                 break;
             }
+            // One signalled completion may stand for up to SIGNAL_EVERY requests: what does not
+            // fit `max` waits in `ready` (empty here, so the order holds).
             self.drain_cq(self.lane_ids[k], &mut got, room);
-            out.extend(got.drain(..).map(|(_, c)| c));
+            let fit = got.len().min(room);
+            out.extend(got.drain(..fit).map(|(_, c)| c));
+            self.ready.append(&mut got);
         }
         self.scratch = got;
         out.len() - before
@@ -646,12 +675,15 @@ impl Transport for VerbsTransport {
         // no event, so it must be found now or it would sleep through it.
         let ids = self.lane_ids.clone();
         let mut found = Vec::new();
+        let mut read = 0;
         for &l in &ids {
             // SAFETY: arming our live CQ.
             unsafe { rdma_sys::ibv_req_notify_cq(self.lanes[l].cq, 0) };
-            self.drain_cq(l, &mut found, CQ_BATCH);
+            read += self.drain_cq(l, &mut found, CQ_BATCH);
         }
-        if !found.is_empty() {
+        // Entries read (even ones that make no completion, like flushed internal receives)
+        // mean more may be queued that raised no event: look again instead of sleeping.
+        if read > 0 {
             self.ready.append(&mut found);
             return;
         }
