@@ -6,8 +6,6 @@ use rdma_sys::{
     ibv_access_flags as acc, ibv_cq, ibv_gid, ibv_pd, ibv_qp, ibv_qp_attr_mask as m, ibv_qp_state,
 };
 
-use rdmalane::FailureClass;
-
 use crate::device::Device;
 
 /// The two queue pairs of a lane, by index.
@@ -89,15 +87,13 @@ pub(crate) struct Lane {
     pub(crate) connected: bool,
     /// Set on the first error completion: the QP is in the error state for good; new work
     /// requests are refused with this text until the endpoint is established again.
-    pub(crate) failed: Option<(String, FailureClass)>,
-    /// Send requests posted and not completed, per QP, in posting order, with whether each
-    /// asked for a completion: an RC send queue completes in order, so a completion completes
-    /// the unsignalled requests before it too.
-    pub(crate) posted: [VecDeque<(u64, bool)>; 2],
+    pub(crate) failed: Option<String>,
+    /// Ids of send requests posted and not completed, per QP, in posting order: an RC send
+    /// queue completes in order, so a completion completes the unsignalled requests before it
+    /// too.
+    pub(crate) posted: [VecDeque<u64>; 2],
     /// Posted send requests since the last signalled one, per QP.
     pub(crate) since_signal: [u32; 2],
-    /// Receives the runtime posted on the data QP and not yet completed.
-    pub(crate) recvs: usize,
 }
 
 /// Queue depths and inline size of the queue pairs we create.

@@ -204,12 +204,11 @@ impl VerbsTransport {
             let run = end - start;
             for (k, p) in pending[start..end].iter_mut().enumerate() {
                 lane.since_signal[q] += 1;
-                let signalled = k + 1 == run || lane.since_signal[q] >= SIGNAL_EVERY;
-                if signalled {
+                if k + 1 == run || lane.since_signal[q] >= SIGNAL_EVERY {
                     p.wr.send_flags |= sf::IBV_SEND_SIGNALED.0;
                     lane.since_signal[q] = 0;
                 }
-                lane.posted[q].push_back((p.wr.wr_id, signalled));
+                lane.posted[q].push_back(p.wr.wr_id);
                 p.wr.sg_list = p.sges.as_mut_ptr();
                 p.wr.next = ptr::null_mut();
             }
@@ -229,13 +228,13 @@ impl VerbsTransport {
                 let e = call_error(&self.caps.provider, "ibv_post_send", r);
                 let first_bad = (start..end).find(|&i| ptr::eq(&pending[i].wr, bad)).unwrap_or(start);
                 for p in &pending[first_bad..end] {
-                    lane.posted[q].retain(|&(id, _)| id != p.wr.wr_id);
+                    lane.posted[q].retain(|&id| id != p.wr.wr_id);
                     self.ready.push((
                         l,
                         Completion::Op { id: p.wr.wr_id, len: 0, imm: None, status: Err(e.clone()) },
                     ));
                 }
-                fail_lane(lane, format!("posting failed: {e}"), FailureClass::Other);
+                fail_lane(lane, format!("posting failed: {e}"));
             }
             start = end;
         }
@@ -273,16 +272,10 @@ impl VerbsTransport {
                     if r != 0 {
                         let e = call_error(provider, "ibv_post_recv", r);
                         let why = format!("re-posting a notify receive failed: {e}");
-                        fail_lane(&mut self.lanes[l], why, FailureClass::Other);
+                        fail_lane(&mut self.lanes[l], why);
                     }
                 } else if !ok && lane.failed.is_none() {
-                    let e = wc_error(provider, status, vendor);
-                    let class = if e.class == FailureClass::Cancelled {
-                        FailureClass::PeerUnreachable
-                    } else {
-                        e.class
-                    };
-                    fail_lane(lane, e.to_string(), class);
+                    fail_lane(lane, wc_error(provider, status, vendor).to_string());
                 }
                 continue;
             }
@@ -297,7 +290,7 @@ impl VerbsTransport {
                     // (a killed peer shows as retries exceeded or, when its registrations went
                     // first, as an access error), so every op it took down is a lost peer,
                     // with the cause.
-                    Some((why, _)) if e.class == FailureClass::Cancelled => {
+                    Some(why) if e.class == FailureClass::Cancelled => {
                         e.class = FailureClass::PeerUnreachable;
                         e.text = format!("{}; the queue pair failed before: {why}", e.text);
                     }
@@ -307,15 +300,14 @@ impl VerbsTransport {
                         e.class = FailureClass::PeerUnreachable;
                         let why = "the queue pair was flushed (it entered the error state)".to_string();
                         e.text = format!("{}; {why}", e.text);
-                        fail_lane(lane, why, FailureClass::PeerUnreachable);
+                        fail_lane(lane, why);
                     }
-                    _ => fail_lane(lane, e.to_string(), e.class),
+                    _ => fail_lane(lane, e.to_string()),
                 }
                 Err(e)
             };
             if is_recv {
                 self.recv_slots[slot] = false;
-                lane.recvs = lane.recvs.saturating_sub(1);
                 // On an error only the id and status are valid.
                 let imm = (status.is_ok() && flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
                     .then_some(u32::from_be(imm_be) as u64);
@@ -328,10 +320,10 @@ impl VerbsTransport {
             let q = if unsafe { (*lane.qp[NOTIFY]).qp_num } == qpn { NOTIFY } else { DATA };
             // Completions come in posting order, so what precedes `id` is unsignalled and done.
             // An id not in the queue was failed when its post failed: it retires nothing.
-            let Some(at) = lane.posted[q].iter().position(|&(p, _)| p == id) else {
+            let Some(at) = lane.posted[q].iter().position(|&p| p == id) else {
                 continue;
             };
-            for (front, _) in lane.posted[q].drain(..at) {
+            for front in lane.posted[q].drain(..at) {
                 out.push((l, Completion::Op { id: front, len: 0, imm: None, status: Ok(()) }));
             }
             lane.posted[q].pop_front();
@@ -342,10 +334,10 @@ impl VerbsTransport {
 }
 
 /// Mark a lane failed (first reason kept).
-fn fail_lane(lane: &mut Lane, why: String, class: FailureClass) {
+fn fail_lane(lane: &mut Lane, why: String) {
     if lane.failed.is_none() {
         tracing::warn!(reason = %why, "verbs: a lane's queue pair is in the error state");
-        lane.failed = Some((why, class));
+        lane.failed = Some(why);
     }
     // Make sure the device flushes everything posted, unsignalled requests included.
     for &qp in &lane.qp {
@@ -403,7 +395,6 @@ impl Transport for VerbsTransport {
             failed: None,
             posted: Default::default(),
             since_signal: [0; 2],
-            recvs: 0,
         };
         let r = self.post_notify_recvs(&lane, NOTIFY_RECVS);
         // SAFETY: reading the QP numbers of the QPs just created.
@@ -526,7 +517,7 @@ impl Transport for VerbsTransport {
                 format!("post: no lane {}", wr.lane),
             )));
         };
-        if let Some((why, _)) = &lane.failed {
+        if let Some(why) = &lane.failed {
             return Err(PostError::Failed(plain(
                 prov,
                 FailureClass::PeerUnreachable,
@@ -572,7 +563,6 @@ impl Transport for VerbsTransport {
                     PostError::Failed(call_error(prov, "ibv_post_recv", r))
                 });
             }
-            lane.recvs += 1;
             if self.recv_slots.len() <= slot {
                 self.recv_slots.resize(slot + 1, false);
             }
