@@ -1,10 +1,10 @@
-//! `lat`: send/recv ping-pong; one-way latency is half of each round trip, as perftest and
-//! fabtests report it.
-use std::time::Instant;
+//! `lat`: send/recv or write ping-pong; one-way latency is half of each round trip, as perftest
+//! and fabtests report it, timed as perftest times it (the CPU's time-stamp counter).
 
 use hdrhistogram::Histogram;
 use rdmalane::transport::{Access, Completion, PostError, Posted, WrKind};
 use rdmalane::{Endpoint, Runtime};
+use rdmalane_wake::Cycles;
 
 use crate::cli::{Common, Engine, LatOp};
 use crate::conn::{with_server, BoxErr, CpuMeter, RawConn, RtConn};
@@ -113,9 +113,10 @@ fn raw_write_side(
     let (raddr, rkey) = (c.get()?, c.get()?);
     let last = size - 1;
     let mut comps = Vec::with_capacity(16);
+    let clock = clock();
     for i in 0..a.warmup + a.iters {
         let seq = (i % 255) as u8 + 1;
-        let t0 = Instant::now();
+        let t0 = clock.now();
         if !client {
             raw_wait_byte(c, mine, last, seq, &mut comps)?;
         }
@@ -126,7 +127,9 @@ fn raw_write_side(
             raw_wait_byte(c, mine, last, seq, &mut comps)?;
             if i >= a.warmup {
                 if let Some(h) = hist.as_deref_mut() {
-                    h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+                    if let Some(ns) = clock.since(t0) {
+                        h.record(ns / 2)?;
+                    }
                 }
             }
         }
@@ -186,12 +189,13 @@ async fn write_side(
     };
     let mut src = rt.alloc(size)?;
     let mut h = Histogram::<u64>::new(3)?;
+    let clock = clock();
     let total = a.warmup + a.iters;
     let mut progress = Progress::new(client && !a.json, total);
     let last = size - 1;
     for i in 0..total {
         let seq = (i % 255) as u8 + 1;
-        let t0 = Instant::now();
+        let t0 = clock.now();
         if !client {
             wait_byte(&mine, last, seq).await;
         }
@@ -200,7 +204,9 @@ async fn write_side(
         if client {
             wait_byte(&mine, last, seq).await;
             if i >= a.warmup {
-                h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+                if let Some(ns) = clock.since(t0) {
+                    h.record(ns / 2)?;
+                }
             }
         }
         // Awaiting here measured faster on rxe than reaping the completion a round later.
@@ -246,9 +252,10 @@ pub async fn pingpong(
     progress: &mut Progress,
 ) -> Result<Histogram<u64>, BoxErr> {
     let mut h = Histogram::<u64>::new(3)?;
+    let clock = clock();
     let (mut s, mut r) = (rt.alloc(size)?, rt.alloc(size)?);
     for i in 0..n {
-        let t0 = Instant::now();
+        let t0 = clock.now();
         let recv = ep.recv(r).start();
         let (res, b) = ep.send(s).await;
         res?;
@@ -256,10 +263,18 @@ pub async fn pingpong(
         let (res, b) = recv.await;
         res?;
         r = b;
-        h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+        if let Some(ns) = clock.since(t0) {
+            h.record(ns / 2)?;
+        }
         progress.tick(i);
     }
     Ok(h)
+}
+
+/// The clock samples are taken with: perftest's, the time-stamp counter (a VM's OS clock can
+/// cost microseconds a read).
+fn clock() -> Cycles {
+    Cycles::calibrate(std::time::Duration::from_millis(50))
 }
 
 /// Poll until the completions for `ids` (those still pending) have arrived.
@@ -318,15 +333,18 @@ fn raw_side(
     let r = c.eng.alloc(a.size, Access::LOCAL)?;
     let mut comps = Vec::with_capacity(16);
     let mut progress = Progress::new(client && !a.json, total);
+    let clock = clock();
     if client {
         for i in 0..total {
-            let t0 = Instant::now();
+            let t0 = clock.now();
             let recv = post(c, 1, WrKind::Recv, r, a.size)?;
             let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
             wait_for(c, recv.into_iter().chain(send).collect(), &mut comps)?;
             if i >= a.warmup {
                 if let Some(h) = hist.as_deref_mut() {
-                    h.record(t0.elapsed().as_nanos() as u64 / 2)?;
+                    if let Some(ns) = clock.since(t0) {
+                        h.record(ns / 2)?;
+                    }
                 }
             }
             progress.tick(i);

@@ -1,6 +1,9 @@
 //! The reactor's sleep, shared by the transports: poll(2) on completion queues' file descriptors
 //! (libfabric's FI_WAIT_FD, a verbs completion channel) and an eventfd that submitters write to
-//! wake it.
+//! wake it. Also the cycle counter the benchmarks time round trips with ([`Cycles`]).
+mod cycles;
+
+pub use cycles::Cycles;
 use std::io;
 use std::time::Duration;
 
