@@ -41,6 +41,15 @@ impl<B: Send> OpCell<B> {
     }
 }
 
+impl<B> OpCell<B> {
+    /// The result and the buffer, once the op has completed.
+    fn take(&self) -> Option<(Result<Done, Error>, B)> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let res = s.result.take()?;
+        Some((res, s.buf.take().expect("Op polled after completion")))
+    }
+}
+
 impl<B: Send> Complete for OpCell<B> {
     fn complete(&self, res: Result<Done, Error>) {
         let waker = {
@@ -58,7 +67,8 @@ enum Inner<B> {
     Ready(Option<(Result<Done, Error>, B)>),
     /// Built, not yet handed to the reactor: nothing happens before the first poll.
     Unsubmitted(Runtime, Option<OpReq>, Arc<OpCell<B>>),
-    Pending(Arc<OpCell<B>>),
+    /// Handed to the reactor; the runtime is kept to turn an inline driver's reactor from here.
+    Pending(Runtime, Arc<OpCell<B>>),
 }
 
 /// An operation. Nothing happens until it is first polled (then it is handed to the reactor);
@@ -114,8 +124,8 @@ impl<B: Send, T> Op<B, T> {
         if let Inner::Unsubmitted(rt, Some(req), cell) =
             std::mem::replace(&mut self.inner, Inner::Ready(None))
         {
-            self.inner = Inner::Pending(cell);
             rt.submit(req);
+            self.inner = Inner::Pending(rt, cell);
         }
     }
 
@@ -137,7 +147,15 @@ impl<B: Send, T> Future for Op<B, T> {
                 Poll::Ready((res.map(map), buf))
             }
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
-            Inner::Pending(cell) => {
+            Inner::Pending(rt, cell) => {
+                // On the thread driving the reactor inline, reap here first: a completion that
+                // is already in the queue then resolves this poll instead of a wake-up and a
+                // second trip through the caller's futures.
+                if rt.turn_inline() {
+                    if let Some(done) = cell.take() {
+                        return Poll::Ready((done.0.map(map), done.1));
+                    }
+                }
                 let mut s = cell.state.lock().unwrap_or_else(|p| p.into_inner());
                 match s.result.take() {
                     Some(res) => {

@@ -510,6 +510,21 @@ impl Runtime {
         Ok(())
     }
 
+    /// On the thread inside this runtime's inline `block_on`, with nobody else turning: one
+    /// turn of the reactor now. False where that is not the case.
+    pub(crate) fn turn_inline(&self) -> bool {
+        match (&self.inner.inline, DRIVING.get()) {
+            (Some(reactor), true) => match reactor.try_lock() {
+                Ok(mut r) => {
+                    r.turn();
+                    true
+                }
+                Err(_) => false,
+            },
+            _ => false,
+        }
+    }
+
     /// Hand an op to the reactor; on shutdown the op fails at once.
     pub(crate) fn submit(&self, req: OpReq) {
         if self.inner.idle.shutdown.load(Ordering::Acquire) {

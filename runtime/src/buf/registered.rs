@@ -25,6 +25,13 @@ enum Storage {
 pub struct RegisteredBuf {
     ptr: NonNull<u8>,
     len: usize,
+    /// The registration's descriptor, kept beside the pointer: every op reads it.
+    desc: usize,
+    /// The rest, boxed: ops move the buffer by value, and a small value moves cheaply.
+    reg: Box<Registration>,
+}
+
+struct Registration {
     storage: Storage,
     mr: MemoryRegion,
     rt: Runtime,
@@ -78,7 +85,12 @@ impl RegisteredBuf {
         // The storage is dropped (freed) only after the deregistration in Drop, so the memory
         // outlives the registration as `Transport::register` requires.
         match rt.register_region(ptr.as_ptr(), len, Access::LOCAL) {
-            Ok(mr) => Ok(RegisteredBuf { ptr, len, storage, mr, rt: rt.clone() }),
+            Ok(mr) => Ok(RegisteredBuf {
+                ptr,
+                len,
+                desc: mr.desc,
+                reg: Box::new(Registration { storage, mr, rt: rt.clone() }),
+            }),
             Err(e) => {
                 free(ptr, &storage);
                 Err(e)
@@ -98,12 +110,12 @@ impl RegisteredBuf {
 
     /// The registration (key, descriptor).
     pub fn region(&self) -> &MemoryRegion {
-        &self.mr
+        &self.reg.mr
     }
 
     /// The runtime the buffer is registered with.
     pub fn runtime(&self) -> &Runtime {
-        &self.rt
+        &self.reg.rt
     }
 
     /// A sub-range of this buffer as a buffer of its own; refused when out of range.
@@ -123,8 +135,8 @@ impl Drop for RegisteredBuf {
     fn drop(&mut self) {
         // Local-only memory: no peer can reach it and no op of ours owns it (ops own the buffer
         // itself), so the memory may go before the deregistration is processed.
-        self.rt.release_region(self.mr.id, None);
-        free(self.ptr, &self.storage);
+        self.reg.rt.release_region(self.reg.mr.id, None);
+        free(self.ptr, &self.reg.storage);
     }
 }
 
@@ -146,7 +158,7 @@ impl DerefMut for RegisteredBuf {
 
 impl fmt::Debug for RegisteredBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RegisteredBuf").field("len", &self.len).field("key", &self.mr.key).finish()
+        f.debug_struct("RegisteredBuf").field("len", &self.len).field("key", &self.reg.mr.key).finish()
     }
 }
 
@@ -154,10 +166,10 @@ impl fmt::Debug for RegisteredBuf {
 // `rt` under `mr.desc` until the value drops.
 unsafe impl IoBuf for RegisteredBuf {
     fn seg(&self) -> LocalSeg {
-        LocalSeg { ptr: self.ptr.as_ptr(), len: self.len, desc: self.mr.desc }
+        LocalSeg { ptr: self.ptr.as_ptr(), len: self.len, desc: self.desc }
     }
     fn runtime_id(&self) -> u64 {
-        self.rt.id()
+        self.reg.rt.id()
     }
 }
 

@@ -269,7 +269,7 @@ impl Reactor {
             return;
         }
         if matches!(req.kind, WrKind::Recv) {
-            self.direct.push_back(req);
+            self.push_direct(req);
             return;
         }
         let len = req.len();
@@ -278,7 +278,7 @@ impl Reactor {
         if class == Class::Latency && plain && self.sched.is_empty() && len <= self.sched.config().chunk_size
         {
             self.sched.note_latency();
-            self.direct.push_back(req);
+            self.push_direct(req);
             return;
         }
         let one_sided = matches!(req.kind, WrKind::Write { .. } | WrKind::Read { .. });
@@ -450,6 +450,9 @@ impl Reactor {
 
     fn post(&mut self) -> bool {
         let mut work = self.post_direct();
+        if self.sched.is_empty() {
+            return work;
+        }
         self.chunks.clear();
         self.sched.next(&mut self.chunks, self.sched.config().post_batch.max(1));
         let mut chunks = std::mem::take(&mut self.chunks);
@@ -545,61 +548,73 @@ impl Reactor {
 
     fn post_direct(&mut self) -> bool {
         let mut work = false;
-        while let Some(req) = self.direct.front() {
-            if Arc::strong_count(&req.cell) == 1 {
-                self.direct.pop_front();
-                Counters::add(&self.counters.withdrawn);
-                work = true;
-                continue;
-            }
-            let p = &self.peers[req.peer];
-            if let Some(reason) = &p.lost {
-                let err = Error::PeerLost { op: req.op, peer: p.label.clone(), reason: reason.clone() };
-                let req = self.direct.pop_front().expect("front exists");
-                resolve(&self.counters, &req.cell, Err(err));
-                work = true;
-                continue;
-            }
-            let (lane, addr, _) = p.lanes[0];
-            let entry = self.inflight.vacant_entry();
-            self.generation += 1;
-            let id = (self.generation << 24) | entry.key() as u64;
-            let wr = WorkRequest {
-                id,
-                lane,
-                peer: addr,
-                kind: req.kind,
-                local: std::slice::from_ref(&req.seg),
-                more: false,
-            };
-            match lease::post(self.t.as_mut(), &wr) {
-                Ok(Posted::Completed) => {
-                    let req = self.direct.pop_front().expect("front exists");
-                    Counters::add(&self.counters.posted);
-                    resolve(&self.counters, &req.cell, Ok(Done { len: req.seg.len, imm: None }));
-                    work = true;
-                }
-                Ok(Posted::Queued) => {
-                    let req = self.direct.pop_front().expect("front exists");
-                    Counters::add(&self.counters.posted);
-                    if req.op != OpKind::Recv {
-                        self.active += 1;
-                    }
-                    let (cell, peer, op, len) = (req.cell, req.peer, req.op, req.seg.len);
-                    entry.insert(InFlight { id, cell, peer, op, len, chunk: None });
-                    self.peers[peer].inflight += 1;
-                    work = true;
-                }
-                Err(PostError::Again) => break,
-                Err(PostError::Failed(e)) => {
-                    let req = self.direct.pop_front().expect("front exists");
-                    let label = &self.peers[req.peer].label;
-                    resolve(&self.counters, &req.cell, Err(Error::from_transport(req.op, label, e)));
-                    work = true;
+        while let Some(req) = self.direct.pop_front() {
+            match self.post_req(req) {
+                Ok(()) => work = true,
+                Err(req) => {
+                    self.direct.push_front(req);
+                    break;
                 }
             }
         }
         work
+    }
+
+    /// Post one op that bypasses the scheduler, or resolve it (withdrawn, peer lost, failed);
+    /// it comes back only when the provider's queue is full.
+    fn post_req(&mut self, req: OpReq) -> Result<(), OpReq> {
+        if Arc::strong_count(&req.cell) == 1 {
+            Counters::add(&self.counters.withdrawn);
+            return Ok(());
+        }
+        let p = &self.peers[req.peer];
+        if let Some(reason) = &p.lost {
+            let err = Error::PeerLost { op: req.op, peer: p.label.clone(), reason: reason.clone() };
+            resolve(&self.counters, &req.cell, Err(err));
+            return Ok(());
+        }
+        let (lane, addr, _) = p.lanes[0];
+        let entry = self.inflight.vacant_entry();
+        self.generation += 1;
+        let id = (self.generation << 24) | entry.key() as u64;
+        let wr = WorkRequest {
+            id,
+            lane,
+            peer: addr,
+            kind: req.kind,
+            local: std::slice::from_ref(&req.seg),
+            more: false,
+        };
+        match lease::post(self.t.as_mut(), &wr) {
+            Ok(Posted::Completed) => {
+                Counters::add(&self.counters.posted);
+                resolve(&self.counters, &req.cell, Ok(Done { len: req.seg.len, imm: None }));
+            }
+            Ok(Posted::Queued) => {
+                Counters::add(&self.counters.posted);
+                if req.op != OpKind::Recv {
+                    self.active += 1;
+                }
+                let (cell, peer, op, len) = (req.cell, req.peer, req.op, req.seg.len);
+                entry.insert(InFlight { id, cell, peer, op, len, chunk: None });
+                self.peers[peer].inflight += 1;
+            }
+            Err(PostError::Again) => return Err(req),
+            Err(PostError::Failed(e)) => {
+                let label = &self.peers[req.peer].label;
+                resolve(&self.counters, &req.cell, Err(Error::from_transport(req.op, label, e)));
+            }
+        }
+        Ok(())
+    }
+
+    /// An op that bypasses the scheduler: posted now when nothing waits ahead of it.
+    fn push_direct(&mut self, req: OpReq) {
+        if !self.direct.is_empty() {
+            self.direct.push_back(req);
+        } else if let Err(req) = self.post_req(req) {
+            self.direct.push_back(req);
+        }
     }
 
     fn reap(&mut self) -> bool {
