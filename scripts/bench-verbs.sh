@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # rdmalane-perf on verbs against perftest on the same rxe device, side by side in ONE Soft-RoCE
 # VM boot (scripts/softroce-vm.sh): 16 B latency (ib_write_lat, ib_send_lat; rdmalane lat and the
-# raw engine on the verbs transport), bandwidth at 64 KiB and 1 MiB (ib_write_bw; rdmalane bw
+# raw engine on the verbs transport, write and send ping-pongs), bandwidth at 64 KiB and 1 MiB (ib_write_bw; rdmalane bw
 # and raw, 128 writes in flight like perftest's default tx depth), and mixed traffic fifo vs fair. Medians of RUNS (default 3) interleaved runs.
 #   scripts/bench-verbs.sh [RUNS]
 set -euo pipefail
@@ -28,7 +28,8 @@ for i in $(seq '"$runs"'); do
   echo "ib_send_lat $(pt ib_send_lat -s 16 -n 2000)"
   echo "rt_lat $(timeout 120 $perf lat --provider verbs --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
   echo "rt_lat_send $(timeout 120 $perf lat --provider verbs --op send --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
-  echo "raw_lat $(timeout 120 $perf lat --provider verbs --engine raw --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
+  echo "raw_lat $(timeout 120 $perf lat --provider verbs --engine raw --op write --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
+  echo "raw_lat_send $(timeout 120 $perf lat --provider verbs --engine raw --op send --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
   for s in 65536 1048576; do
     n=$(( s == 65536 ? 2000 : 200 ))
     echo "ib_write_bw_$s $(pt ib_write_bw -s $s -n $n --report_gbits)"
@@ -56,7 +57,7 @@ med = {k: statistics.median(v) for k, v in vals.items() if v}
 g = lambda k: med.get(k, float("nan"))
 print("| 16 B latency (µs, p50 / t_typical) | value | ratio to ib_write_lat | ratio to ib_send_lat |")
 print("|---|---|---|---|")
-for k, name in [("ib_write_lat", "perftest ib_write_lat"), ("ib_send_lat", "perftest ib_send_lat"), ("raw_lat", "raw engine on rdmalane-verbs (send/recv)"), ("rt_lat_send", "rdmalane lat --op send"), ("rt_lat", "rdmalane lat (write ping-pong, the default on verbs)")]:
+for k, name in [("ib_write_lat", "perftest ib_write_lat"), ("ib_send_lat", "perftest ib_send_lat"), ("raw_lat", "raw engine on rdmalane-verbs, write ping-pong"), ("rt_lat", "rdmalane lat (write ping-pong, the default on verbs)"), ("raw_lat_send", "raw engine on rdmalane-verbs, send/recv"), ("rt_lat_send", "rdmalane lat --op send")]:
     print(f"| {name} | {g(k):.2f} | {g(k)/g('ib_write_lat'):.2f} | {g(k)/g('ib_send_lat'):.2f} |")
 print()
 print("| bandwidth (Gb/s) | ib_write_bw | raw engine | rdmalane | rdmalane / ib_write_bw |")

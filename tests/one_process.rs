@@ -3,7 +3,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use rdmalane::{Access, Driver, Error, OpKind, Runtime};
+use rdmalane::{Access, Driver, Endpoint, Error, OpKind, RegisteredBuf, RemoteBuf, Runtime};
 use rdmalane_conformance::{bounded, expose_to, pair, pattern, providers, runtime, watchdog};
 
 const SIZES: [usize; 9] = [1, 7, 63, 4096, 4097, 65_537, (1 << 20) + 3, 9_999_991, 64 << 20];
@@ -271,36 +271,45 @@ fn dropping_futures_in_flight_and_after_completion_is_safe() {
     }
 }
 
+/// `b` with its own reactor thread, `a` driven inline; `a`'s endpoint to `b`, and `region`
+/// bytes of `b` exposed for writing, with the descriptor `a` uses for it.
+fn inline_pair(
+    p: &str,
+    region: usize,
+) -> (Runtime, Runtime, Endpoint, Endpoint, rdmalane::ExposedBuf<RegisteredBuf>, RemoteBuf) {
+    let b = runtime(p);
+    let a = Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
+        .backend(rdmalane_efa::Libfabric)
+        .provider(p)
+        .driver(Driver::Inline)
+        .build()
+        .unwrap();
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (ab, ba) = tokio.block_on(async {
+        let l = b.listen("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (x, y) = tokio::join!(a.connect(addr), l.accept());
+        (x.unwrap(), y.unwrap())
+    });
+    let target = b.expose(b.alloc(region).unwrap(), Access::WRITE).unwrap();
+    let mut msg = b.alloc(rdmalane::RemoteBuf::ENCODED_LEN).unwrap();
+    msg.copy_from_slice(&target.descriptor().to_bytes());
+    let desc_recv = ab.recv(a.alloc(rdmalane::RemoteBuf::ENCODED_LEN).unwrap());
+    // The inline side must be driven while the peer sends (it may need to accept a
+    // connection first), so both run under its block_on.
+    let ((s, _), (n, d)) = a.block_on(futures::future::join(ba.send(msg), desc_recv));
+    s.unwrap();
+    let remote = rdmalane::RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();
+    (a, b, ab, ba, target, remote)
+}
+
 #[test]
 fn a_future_dropped_before_posting_is_withdrawn() {
     let _guard = watchdog(60);
     for p in providers() {
-        let b = runtime(p);
         // Inline driver: nothing is posted outside block_on, so the drop comes first for sure.
-        let a = Runtime::builder()
-            .backend(rdmalane_verbs::Verbs)
-            .backend(rdmalane_efa::Libfabric)
-            .provider(p)
-            .driver(Driver::Inline)
-            .build()
-            .unwrap();
-        let tokio = tokio::runtime::Runtime::new().unwrap();
-        let (ab, ba) = tokio.block_on(async {
-            let l = b.listen("127.0.0.1:0").await.unwrap();
-            let addr = l.local_addr().unwrap();
-            let (x, y) = tokio::join!(a.connect(addr), l.accept());
-            (x.unwrap(), y.unwrap())
-        });
-        let target = b.expose(b.alloc(4096).unwrap(), Access::WRITE).unwrap();
-        let mut msg = b.alloc(rdmalane::RemoteBuf::ENCODED_LEN).unwrap();
-        msg.copy_from_slice(&target.descriptor().to_bytes());
-        let desc_recv = ab.recv(a.alloc(rdmalane::RemoteBuf::ENCODED_LEN).unwrap());
-        // The inline side must be driven while the peer sends (it may need to accept a
-        // connection first), so both run under its block_on.
-        let ((s, _), (n, d)) = a.block_on(futures::future::join(ba.send(msg), desc_recv));
-        s.unwrap();
-        let remote = rdmalane::RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();
-
+        let (a, _b, ab, _ba, target, remote) = inline_pair(p, 4096);
         let mut src = a.alloc(4096).unwrap();
         src.fill(0xEE);
         // Polled once outside block_on: handed to the reactor, which nobody drives yet.
@@ -312,6 +321,50 @@ fn a_future_dropped_before_posting_is_withdrawn() {
         let s = a.stats();
         assert_eq!(s.withdrawn, 1, "{p}: {s:?}");
         assert!(target.as_slice().iter().all(|&x| x != 0xEE), "{p}: the withdrawn write happened");
+    }
+}
+
+#[test]
+fn a_bulk_loop_under_the_inline_driver_does_not_starve_what_it_is_joined_with() {
+    // A stream keeping 1 MiB writes in flight finds one done at almost every poll: it must
+    // still yield to the future beside it (small writes, one at a time), which alone stops it.
+    let _guard = watchdog(60);
+    const MIB: usize = 1 << 20;
+    for p in providers() {
+        let (a, _b, ab, _ba, target, remote) = inline_pair(p, 2 * MIB);
+        let stop = std::cell::Cell::new(false);
+        let looped = std::cell::Cell::new(0u64);
+        let looping = async {
+            let dst = remote.slice(0..MIB as u64).unwrap();
+            let mut inflight = FuturesUnordered::new();
+            for _ in 0..8 {
+                let mut buf = a.alloc(MIB).unwrap();
+                buf.fill(0x11);
+                inflight.push(ab.write_remote(buf, &dst));
+            }
+            while let Some((r, back)) = inflight.next().await {
+                r.unwrap();
+                looped.set(looped.get() + 1);
+                if !stop.get() {
+                    inflight.push(ab.write_remote(back, &dst));
+                }
+            }
+        };
+        let small = async {
+            let mut buf = a.alloc(16).unwrap();
+            for i in 0..100u8 {
+                buf.fill(i);
+                let (r, back) =
+                    ab.write_remote(buf, &remote.slice(MIB as u64..MIB as u64 + 16).unwrap()).await;
+                r.unwrap();
+                buf = back;
+            }
+            stop.set(true);
+        };
+        a.block_on(futures::future::join(looping, small));
+        assert!(looped.get() >= 8, "{p}: {} writes", looped.get());
+        assert!(target.as_slice()[..MIB].iter().all(|&x| x == 0x11), "{p}");
+        assert!(target.as_slice()[MIB..MIB + 16].iter().all(|&x| x == 99), "{p}");
     }
 }
 

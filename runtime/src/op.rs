@@ -148,6 +148,10 @@ impl<B: Send, T> Future for Op<B, T> {
             }
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
             Inner::Pending(rt, cell) => {
+                if !Runtime::coop_proceed() {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 // On the thread driving the reactor inline, reap here first: a completion that
                 // is already in the queue then resolves this poll instead of a wake-up and a
                 // second trip through the caller's futures.

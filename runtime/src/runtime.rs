@@ -483,6 +483,8 @@ impl Runtime {
         loop {
             // Poll only when woken: between wake-ups the loop is the reactor's alone.
             if flag.0.swap(false, Ordering::Acquire) {
+                REAP_IN_POLL.set(true);
+                BUDGET.set(POLL_BUDGET);
                 if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                     DRIVING.set(outer);
                     return v;
@@ -511,8 +513,14 @@ impl Runtime {
     }
 
     /// On the thread inside this runtime's inline `block_on`, with nobody else turning: one
-    /// turn of the reactor now. False where that is not the case.
+    /// turn of the reactor now, at most once per poll of the driver's future. False where that
+    /// is not the case.
     pub(crate) fn turn_inline(&self) -> bool {
+        // Once per poll: a future looping over ops that keep completing as they are polled
+        // would otherwise never return, starving whatever it is joined with.
+        if !REAP_IN_POLL.replace(false) {
+            return false;
+        }
         match (&self.inner.inline, DRIVING.get()) {
             (Some(reactor), true) => match reactor.try_lock() {
                 Ok(mut r) => {
@@ -523,6 +531,18 @@ impl Runtime {
             },
             _ => false,
         }
+    }
+
+    /// Inside an inline driver's `block_on`: spend one unit of the budget of op polls the
+    /// driver's future gets per poll; false when it is spent (the op then yields, so a future
+    /// looping over ops that complete at once still lets what it is joined with run).
+    pub(crate) fn coop_proceed() -> bool {
+        if !DRIVING.get() {
+            return true;
+        }
+        let left = BUDGET.get();
+        BUDGET.set(left.saturating_sub(1));
+        left > 0
     }
 
     /// Hand an op to the reactor; on shutdown the op fails at once.
@@ -635,7 +655,14 @@ impl WeakRuntime {
 thread_local! {
     /// This thread is inside an inline driver's `block_on`.
     static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// An op polled now may still turn the reactor in this poll of the driver's future.
+    static REAP_IN_POLL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Op polls left to the driver's future in this poll (see `coop_proceed`).
+    static BUDGET: std::cell::Cell<u32> = const { std::cell::Cell::new(POLL_BUDGET) };
 }
+
+/// Op polls per poll of an inline driver's future before ops start to yield (tokio's budget).
+const POLL_BUDGET: u32 = 128;
 
 /// The inline driver's waker: marks the future as worth polling again.
 struct Flag(AtomicBool);

@@ -197,49 +197,50 @@ impl VerbsTransport {
             while end < pending.len() && pending[end].lane == l && pending[end].q == q {
                 end += 1;
             }
-            let Some(lane) = self.lanes.get_mut(l) else {
-                start = end;
-                continue;
-            };
-            let run = end - start;
-            for (k, p) in pending[start..end].iter_mut().enumerate() {
-                lane.since_signal[q] += 1;
-                if k + 1 == run || lane.since_signal[q] >= SIGNAL_EVERY {
-                    p.wr.send_flags |= sf::IBV_SEND_SIGNALED.0;
-                    lane.since_signal[q] = 0;
-                }
-                lane.posted[q].push_back(p.wr.wr_id);
-                p.wr.sg_list = p.sges.as_mut_ptr();
-                p.wr.next = ptr::null_mut();
-            }
-            for i in start..end - 1 {
-                let next: *mut rdma_sys::ibv_send_wr = &mut pending[i + 1].wr;
-                pending[i].wr.next = next;
-            }
-            let mut bad = ptr::null_mut();
-            // SAFETY: a linked list of filled requests whose scatter lists point into
-            // `pending`, alive for the call; the runtime keeps the memory they name valid
-            // until their completions (Transport::post's contract).
-            let r = unsafe { rdma_sys::ibv_post_send(lane.qp[q], &mut pending[start].wr, &mut bad) };
-            if r != 0 {
-                // What follows `bad` was not posted; what precedes it was, possibly unsignalled
-                // with nothing signalled after it. Moving the QP to the error state flushes
-                // all of those with completions of their own; the rest fail here.
-                let e = call_error(&self.caps.provider, "ibv_post_send", r);
-                let first_bad = (start..end).find(|&i| ptr::eq(&pending[i].wr, bad)).unwrap_or(start);
-                for p in &pending[first_bad..end] {
-                    lane.posted[q].retain(|&id| id != p.wr.wr_id);
-                    self.ready.push((
-                        l,
-                        Completion::Op { id: p.wr.wr_id, len: 0, imm: None, status: Err(e.clone()) },
-                    ));
-                }
-                fail_lane(lane, format!("posting failed: {e}"));
-            }
+            self.post_run(&mut pending[start..end]);
             start = end;
         }
         pending.clear();
         self.pending = pending;
+    }
+
+    /// Post `run` (requests for one queue pair) as one linked list.
+    fn post_run(&mut self, run: &mut [Pending]) {
+        let (l, q) = (run[0].lane, run[0].q);
+        let Some(lane) = self.lanes.get_mut(l) else { return };
+        let n = run.len();
+        for (k, p) in run.iter_mut().enumerate() {
+            lane.since_signal[q] += 1;
+            if k + 1 == n || lane.since_signal[q] >= SIGNAL_EVERY {
+                p.wr.send_flags |= sf::IBV_SEND_SIGNALED.0;
+                lane.since_signal[q] = 0;
+            }
+            lane.posted[q].push_back(p.wr.wr_id);
+            p.wr.sg_list = p.sges.as_mut_ptr();
+            p.wr.next = ptr::null_mut();
+        }
+        for i in 0..n - 1 {
+            let next: *mut rdma_sys::ibv_send_wr = &mut run[i + 1].wr;
+            run[i].wr.next = next;
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: a linked list of filled requests whose scatter lists point into `run`, alive
+        // for the call; the runtime keeps the memory they name valid until their completions
+        // (Transport::post's contract).
+        let r = unsafe { rdma_sys::ibv_post_send(lane.qp[q], &mut run[0].wr, &mut bad) };
+        if r != 0 {
+            // What follows `bad` was not posted; what precedes it was, possibly unsignalled
+            // with nothing signalled after it. Moving the QP to the error state flushes all of
+            // those with completions of their own; the rest fail here.
+            let e = call_error(&self.caps.provider, "ibv_post_send", r);
+            let first_bad = (0..n).find(|&i| ptr::eq(&run[i].wr, bad)).unwrap_or(0);
+            for p in &run[first_bad..] {
+                lane.posted[q].retain(|&id| id != p.wr.wr_id);
+                self.ready
+                    .push((l, Completion::Op { id: p.wr.wr_id, len: 0, imm: None, status: Err(e.clone()) }));
+            }
+            fail_lane(lane, format!("posting failed: {e}"));
+        }
     }
 
     /// Read up to `max` completions of lane `l` into `out`.
@@ -623,7 +624,13 @@ impl Transport for VerbsTransport {
             // Copied into the work queue at post time: no DMA read of the buffer.
             swr.send_flags |= sf::IBV_SEND_INLINE.0;
         }
-        self.pending.push(Pending { lane: wr.lane, q, wr: swr, sges });
+        let p = Pending { lane: wr.lane, q, wr: swr, sges };
+        if !wr.more && self.pending.is_empty() {
+            // Alone: straight to the device, the common case of a latency-bound op.
+            self.post_run(&mut [p]);
+            return Ok(Posted::Queued);
+        }
+        self.pending.push(p);
         if !wr.more || self.pending.len() >= POST_LIST {
             self.flush();
         }
