@@ -13,6 +13,9 @@ runs=${1:-3}
 inner='set -u
 perf=target/release/rdmalane-perf
 field() { python3 -c "import json,sys; print(json.loads([l for l in sys.stdin.read().splitlines() if l.strip()][-1])[\"$1\"])"; }
+# FIELD of the JSON a command prints, parsed once it has exited: a python started beside it
+# would take one of the two vCPUs while it runs (a quarter of rxe bandwidth under TCG).
+j() { local f=$1 o; shift; o=$(timeout 120 "$@" --json 2>/dev/null); echo "$o" | field "$f"; }
 pt() { # perftest binary, extra args -> the figure on the size line (lat: t_typical, bw: BW average)
   local bin=$1; shift
   timeout 120 $bin -d rxe0 -x 1 "$@" >/dev/null 2>&1 & sleep 2
@@ -26,15 +29,15 @@ pt() { # perftest binary, extra args -> the figure on the size line (lat: t_typi
 for i in $(seq '"$runs"'); do
   echo "ib_write_lat $(pt ib_write_lat -s 16 -n 2000)"
   echo "ib_send_lat $(pt ib_send_lat -s 16 -n 2000)"
-  echo "rt_lat $(timeout 120 $perf lat --provider verbs --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
-  echo "rt_lat_send $(timeout 120 $perf lat --provider verbs --op send --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
-  echo "raw_lat $(timeout 120 $perf lat --provider verbs --engine raw --op write --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
-  echo "raw_lat_send $(timeout 120 $perf lat --provider verbs --engine raw --op send --size 16 --iters 2000 --json 2>/dev/null | field p50_us)"
+  echo "rt_lat $(j p50_us $perf lat --provider verbs --size 16 --iters 2000)"
+  echo "rt_lat_send $(j p50_us $perf lat --provider verbs --op send --size 16 --iters 2000)"
+  echo "raw_lat $(j p50_us $perf lat --provider verbs --engine raw --op write --size 16 --iters 2000)"
+  echo "raw_lat_send $(j p50_us $perf lat --provider verbs --engine raw --op send --size 16 --iters 2000)"
   for s in 65536 1048576; do
     n=$(( s == 65536 ? 2000 : 200 ))
     echo "ib_write_bw_$s $(pt ib_write_bw -s $s -n $n --report_gbits)"
-    echo "rt_bw_$s $(timeout 120 $perf bw --provider verbs --window 128 --size $s --iters $n --json 2>/dev/null | field gbps)"
-    echo "raw_bw_$s $(timeout 120 $perf bw --provider verbs --window 128 --engine raw --size $s --iters $n --json 2>/dev/null | field gbps)"
+    echo "rt_bw_$s $(j gbps $perf bw --provider verbs --window 128 --size $s --iters $n)"
+    echo "raw_bw_$s $(j gbps $perf bw --provider verbs --window 128 --engine raw --size $s --iters $n)"
   done
 done
 for m in fifo fair; do
