@@ -155,6 +155,9 @@ impl<B: Send, T> Future for Op<B, T> {
                 // On the thread driving the reactor inline, reap here first: a completion that
                 // is already in the queue then resolves this poll instead of a wake-up and a
                 // second trip through the caller's futures.
+                if let Some(done) = cell.take() {
+                    return Poll::Ready((done.0.map(map), done.1));
+                }
                 if rt.turn_inline() {
                     if let Some(done) = cell.take() {
                         return Poll::Ready((done.0.map(map), done.1));
