@@ -152,9 +152,11 @@ impl<B: Send, T> Future for Op<B, T> {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                // On the thread driving the reactor inline, reap here first: a completion that
-                // is already in the queue then resolves this poll instead of a wake-up and a
-                // second trip through the caller's futures.
+                // A result already there is taken. Otherwise, on the thread driving the
+                // reactor inline, reap here: a completion already in the queue then resolves
+                // this poll instead of a wake-up and a second trip through the caller's
+                // futures. (Not before the first look: a turn can cost a provider's progress
+                // call, which an op completed at posting does not need.)
                 if let Some(done) = cell.take() {
                     return Poll::Ready((done.0.map(map), done.1));
                 }
