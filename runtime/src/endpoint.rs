@@ -265,20 +265,19 @@ impl Endpoint {
         rail_keys: Option<Arc<[u64]>>,
     ) -> Op<B> {
         let seg = buf.seg();
-        let cell = OpCell::new(buf);
         let req = OpReq {
             peer: self.slot,
             peer_id: self.peer_id,
             op,
             kind,
             seg,
-            cell: cell.clone(),
+            cell: OpCell::new(),
             tenant: 0,
             class: None,
             batch,
             rail_keys,
         };
-        Op::new(self.rt.clone(), req, cell, len_of)
+        Op::new(self.rt.clone(), req, buf, len_of)
     }
 }
 

@@ -1,13 +1,15 @@
 //! The two places raw memory is handed to a transport. Their callers (the reactor) uphold the
-//! ownership rule: an op's buffer stays in its op cell, alive, until the completion arrives.
+//! ownership rule: an op's buffer stays alive, in its future or (once the future is dropped) in
+//! its op cell, until the completion arrives.
 use crate::error::TransportError;
 use crate::transport::{Access, MemoryRegion, PostError, Posted, Transport, WorkRequest};
 
 /// Post a work request whose memory the reactor keeps alive in its in-flight table.
 pub(crate) fn post(t: &mut dyn Transport, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
-    // SAFETY: every segment comes from an `IoBuf` that sits in the op cell the reactor holds in
-    // its in-flight slab until `poll` returns this id (or, at shutdown, is leaked when it never
-    // does), so the memory stays valid and unshared for the whole DMA.
+    // SAFETY: every segment comes from an `IoBuf` held by its op's future, whose drop moves it
+    // into the op cell; the reactor holds that cell in its in-flight slab until `poll` returns
+    // this id (or, at shutdown, until the lane is closed), and `IoBuf` memory keeps its address
+    // when the value moves, so the memory stays valid and unshared for the whole DMA.
     unsafe { t.post(wr) }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::batch::Layout;
 use crate::error::{OpKind, TransportError};
-use crate::op::Complete;
+use crate::op::OpCell;
 use crate::sched::{Class, TenantId};
 use crate::transport::{Access, LaneId, LocalSeg, MemoryRegion, WrKind};
 
@@ -16,7 +16,7 @@ pub(crate) struct OpReq {
     pub op: OpKind,
     pub kind: WrKind,
     pub seg: LocalSeg,
-    pub cell: Arc<dyn Complete>,
+    pub cell: Arc<OpCell>,
     pub tenant: TenantId,
     /// `None`: by size (the scheduler's latency threshold).
     pub class: Option<Class>,

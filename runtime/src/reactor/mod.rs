@@ -17,7 +17,7 @@ use crate::batch::MAX_SGE;
 use crate::buf::lease;
 use crate::error::{Error, OpKind, TransportError};
 use crate::imm::ImmQueue;
-use crate::op::{Complete, Done};
+use crate::op::{Done, OpCell};
 use crate::sched::{Chunk, Class, OpDone, OpId, OpSpec, SchedConfig, Scheduler};
 use crate::stats::Counters;
 use crate::transport::{
@@ -34,7 +34,7 @@ const POST_BATCH: usize = 32;
 struct InFlight {
     /// The whole request id (slot and generation).
     id: u64,
-    cell: Arc<dyn Complete>,
+    cell: Arc<OpCell>,
     peer: usize,
     op: OpKind,
     /// Bytes the request moves (completions report a length only for receives).
@@ -117,7 +117,7 @@ pub(crate) struct Reactor {
 }
 
 /// Complete an op cell and count the outcome.
-fn resolve(counters: &Counters, cell: &Arc<dyn Complete>, res: Result<Done, Error>) {
+fn resolve(counters: &Counters, cell: &OpCell, res: Result<Done, Error>) {
     Counters::add(if res.is_ok() { &counters.completed } else { &counters.failed });
     cell.complete(res);
 }
