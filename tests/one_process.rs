@@ -369,6 +369,41 @@ fn a_bulk_loop_under_the_inline_driver_does_not_starve_what_it_is_joined_with() 
 }
 
 #[test]
+fn an_op_parked_on_one_inline_driver_completes_when_another_thread_reaps_it() {
+    // Awaited directly under block_on, an op waits without a waker of its own: its completion
+    // bumps a count every inline driver watches. Here a second thread drives the same runtime
+    // all along and reaps many of the completions: the first driver must still see each one.
+    let _guard = watchdog(60);
+    for p in providers() {
+        let (a, _b, ab, _ba, target, remote) = inline_pair(p, 4096);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let other = {
+            let (a, stop) = (a.clone(), stop.clone());
+            std::thread::spawn(move || {
+                a.block_on(futures::future::poll_fn(|cx| {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        return std::task::Poll::Ready(());
+                    }
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                }))
+            })
+        };
+        let dst = remote.slice(0..16).unwrap();
+        let mut buf = a.alloc(16).unwrap();
+        for i in 0..300u32 {
+            buf.fill(i as u8);
+            let (r, back) = a.block_on(ab.write_remote(buf, &dst));
+            r.unwrap();
+            buf = back;
+            assert!(target.as_slice()[..16].iter().all(|&x| x == i as u8), "{p}: write {i}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        other.join().unwrap();
+    }
+}
+
+#[test]
 fn connecting_where_nobody_listens_fails_in_time() {
     bounded(20, async {
         let a = runtime(rdmalane_conformance::main_provider());

@@ -480,13 +480,20 @@ impl Runtime {
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
         let outer = DRIVING.replace(true);
+        let outer_driver = DRIVER.replace(Some((self.id(), waker.clone())));
+        let mut kicks = crate::op::cell::driver_kicks();
         loop {
-            // Poll only when woken: between wake-ups the loop is the reactor's alone.
-            if flag.0.swap(false, Ordering::Acquire) {
+            // Poll only when woken, or when an op parked on this driver completed: between
+            // those the loop is the reactor's alone.
+            let now = crate::op::cell::driver_kicks();
+            let woken = flag.0.load(Ordering::Relaxed) && flag.0.swap(false, Ordering::Acquire);
+            if woken || now != kicks {
+                kicks = now;
                 REAP_IN_POLL.set(true);
                 BUDGET.set(POLL_BUDGET);
                 if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                     DRIVING.set(outer);
+                    DRIVER.set(outer_driver);
                     return v;
                 }
             }
@@ -531,6 +538,12 @@ impl Runtime {
             },
             _ => false,
         }
+    }
+
+    /// Is `cx` the waker of this runtime's inline driver on this thread? An op polled with it
+    /// needs no waker of its own: the driver polls again when a parked op completes.
+    pub(crate) fn drives_here(&self, cx: &Context<'_>) -> bool {
+        DRIVER.with_borrow(|d| matches!(d, Some((id, w)) if *id == self.id() && cx.waker().will_wake(w)))
     }
 
     /// Inside an inline driver's `block_on`: spend one unit of the budget of op polls the
@@ -655,6 +668,8 @@ impl WeakRuntime {
 thread_local! {
     /// This thread is inside an inline driver's `block_on`.
     static DRIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The runtime this thread drives inline right now, and its driver's waker.
+    static DRIVER: std::cell::RefCell<Option<(u64, Waker)>> = const { std::cell::RefCell::new(None) };
     /// An op polled now may still turn the reactor in this poll of the driver's future.
     static REAP_IN_POLL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Op polls left to the driver's future in this poll (see `coop_proceed`).

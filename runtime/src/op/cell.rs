@@ -1,14 +1,12 @@
 //! The cell an op's future and the reactor share. The reactor writes the outcome once and wakes
-//! the future; the future reads it. A success travels in atomics, so the common path takes no
-//! lock; an error, and the buffer of a future dropped while its op is posted, sit behind a lock
-//! only those rare paths take. The buffer itself stays in the future while the future lives
+//! the future; the future reads it. A success travels in atomics, and an op awaited directly by
+//! an inline driver waits without a waker (it parks), so the latency path takes no lock; a
+//! waker, an error, and the buffer of a future dropped while its op is posted sit behind locks. The buffer itself stays in the future while the future lives
 //! (tokio-uring's lifecycle): the cell holds it only once the future is gone ("Ignored").
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
-
-use futures::task::AtomicWaker;
 
 use crate::error::Error;
 
@@ -19,16 +17,32 @@ pub(crate) struct Done {
     pub imm: Option<u64>,
 }
 
-const PENDING: u8 = 0;
+/// The outcome, in the low bits of the state: not yet, success, success with an immediate value,
+/// failure (the error is in `rare`).
+const OUTCOME: u8 = 0b11;
 const OK: u8 = 1;
 const OK_IMM: u8 = 2;
 const FAILED: u8 = 3;
+/// A waker is registered: the completion wakes it.
+const WAITING: u8 = 4;
+/// Polled by the inline driver of this thread with its own waker: the completion bumps
+/// [`DRIVER_KICKS`] instead, which every inline driver watches (one atomic add, no waker).
+const PARKED: u8 = 8;
+
+/// Bumped by each completion of a parked op: an inline driver that sees it change polls its
+/// future again.
+static DRIVER_KICKS: AtomicU64 = AtomicU64::new(0);
+
+/// The count inline drivers compare between polls.
+pub(crate) fn driver_kicks() -> u64 {
+    DRIVER_KICKS.load(Ordering::Acquire)
+}
 
 pub(crate) struct OpCell {
     state: AtomicU8,
     len: AtomicUsize,
     imm: AtomicU64,
-    waker: AtomicWaker,
+    waker: Mutex<Option<Waker>>,
     rare: Mutex<Rare>,
 }
 
@@ -43,10 +57,10 @@ struct Rare {
 impl OpCell {
     pub(crate) fn new() -> Arc<OpCell> {
         Arc::new(OpCell {
-            state: AtomicU8::new(PENDING),
+            state: AtomicU8::new(0),
             len: AtomicUsize::new(0),
             imm: AtomicU64::new(0),
-            waker: AtomicWaker::new(),
+            waker: Mutex::new(None),
             rare: Mutex::new(Rare::default()),
         })
     }
@@ -74,15 +88,25 @@ impl OpCell {
                 FAILED
             }
         };
-        // Release: whoever sees the state sees the fields written before it.
-        self.state.store(state, Ordering::Release);
-        self.waker.wake();
+        // Release: whoever sees the outcome sees the fields written before it. One read-modify-
+        // write orders this against the future's registering: either it sees the outcome, or
+        // this sees how it waits.
+        let prev = self.state.fetch_or(state, Ordering::AcqRel);
+        if prev & WAITING != 0 {
+            let w = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+        if prev & PARKED != 0 {
+            DRIVER_KICKS.fetch_add(1, Ordering::Release);
+        }
     }
 
     /// The outcome, once there. Read once by the future that owns the op (an error moves out).
     pub(crate) fn outcome(&self) -> Option<Result<Done, Error>> {
-        let imm = match self.state.load(Ordering::Acquire) {
-            PENDING => return None,
+        let imm = match self.state.load(Ordering::Acquire) & OUTCOME {
+            0 => return None,
             OK => None,
             OK_IMM => Some(self.imm.load(Ordering::Relaxed)),
             _ => {
@@ -95,13 +119,25 @@ impl OpCell {
 
     /// Has the outcome been recorded?
     pub(crate) fn is_done(&self) -> bool {
-        self.state.load(Ordering::Acquire) != PENDING
+        self.state.load(Ordering::Acquire) & OUTCOME != 0
     }
 
-    /// Wake `w` when the outcome is recorded. Look at the outcome after this: it may have come
-    /// in between.
-    pub(crate) fn register(&self, w: &Waker) {
-        self.waker.register(w);
+    /// Wake `w` when the outcome is recorded; true if it already is.
+    pub(crate) fn register(&self, w: &Waker) -> bool {
+        {
+            let mut slot = self.waker.lock().unwrap_or_else(|p| p.into_inner());
+            match &mut *slot {
+                Some(old) if old.will_wake(w) => {}
+                slot => *slot = Some(w.clone()),
+            }
+        }
+        self.state.fetch_or(WAITING, Ordering::AcqRel) & OUTCOME != 0
+    }
+
+    /// Let the completion bump [`DRIVER_KICKS`] rather than wake anyone: for an op polled by
+    /// this thread's inline driver with its own waker. True if the outcome is already in.
+    pub(crate) fn park(&self) -> bool {
+        self.state.fetch_or(PARKED, Ordering::AcqRel) & OUTCOME != 0
     }
 
     /// Keep the buffer of a future dropped while its op is posted until the reactor lets go.

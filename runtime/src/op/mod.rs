@@ -89,7 +89,7 @@ impl<B: Send + 'static, T> Op<B, T> {
     }
 
     /// The outcome of a submitted op, if it is in: looked at before an inline turn, after it,
-    /// and after registering the waker (a completion may land in between).
+    /// and when registering how to be woken (a completion may land in between).
     fn outcome(cell: &OpCell, rt: &Runtime, cx: &mut Context<'_>) -> Option<Result<Done, Error>> {
         if let Some(o) = cell.outcome() {
             return Some(o);
@@ -103,8 +103,14 @@ impl<B: Send + 'static, T> Op<B, T> {
                 return Some(o);
             }
         }
-        cell.register(cx.waker());
-        cell.outcome()
+        // Awaited directly by the inline driver of this thread: it polls again when a parked
+        // op completes, so no waker is stored or woken.
+        let done = if rt.drives_here(cx) { cell.park() } else { cell.register(cx.waker()) };
+        if done {
+            cell.outcome()
+        } else {
+            None
+        }
     }
 }
 
