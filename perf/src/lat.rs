@@ -79,18 +79,23 @@ fn rt_side(
                 *out = h;
             }
         } else {
+            // Two receives stay posted: the one for this ping and the one for the next. The
+            // buffer of each ping goes back out after the answer, off the round trip's path,
+            // yet long before the ping it is for can come (a round trip later).
             let mut sbuf = rt.alloc(a.size)?;
-            let mut next = Some(ep.recv(rt.alloc(a.size)?).start());
+            let mut posted = std::collections::VecDeque::new();
+            for _ in 0..total.min(2) {
+                posted.push_back(ep.recv(rt.alloc(a.size)?).start());
+            }
             for i in 0..total {
-                let (r, b) = next.take().expect("a receive is posted").await;
+                let (r, b) = posted.pop_front().expect("a receive is posted").await;
                 r?;
-                // Post the next receive before answering, so the next ping finds it.
-                if i + 1 < total {
-                    next = Some(ep.recv(b).start());
-                }
                 let (r, s) = ep.send(sbuf).await;
                 r?;
                 sbuf = s;
+                if i + 2 < total {
+                    posted.push_back(ep.recv(b).start());
+                }
             }
         }
         Ok::<(), BoxErr>(())
@@ -242,8 +247,9 @@ async fn wait_byte(buf: &rdmalane::ExposedBuf<rdmalane::RegisteredBuf>, i: usize
 /// Looks at the polled byte between two turns of the reactor in the write ping-pong.
 const SPINS_PER_TURN: usize = 256;
 
-/// `n` ping-pongs of `size` bytes, the receive posted before each send; one-way latencies
-/// (half round trips) in ns.
+/// `n` ping-pongs of `size` bytes; one-way latencies (half round trips) in ns. The receive for
+/// each reply is posted a round ahead, right after the send before it, as a server keeps
+/// receives posted: off the round trip's path, and still long before its reply can come.
 pub async fn pingpong(
     rt: &Runtime,
     ep: &Endpoint,
@@ -253,16 +259,20 @@ pub async fn pingpong(
 ) -> Result<Histogram<u64>, BoxErr> {
     let mut h = Histogram::<u64>::new(3)?;
     let clock = clock();
-    let (mut s, mut r) = (rt.alloc(size)?, rt.alloc(size)?);
+    let mut s = rt.alloc(size)?;
+    let mut spare = Some(rt.alloc(size)?);
+    let mut recv = if n > 0 { Some(ep.recv(rt.alloc(size)?).start()) } else { None };
     for i in 0..n {
         let t0 = clock.now();
-        let recv = ep.recv(r).start();
         let (res, b) = ep.send(s).await;
         res?;
         s = b;
-        let (res, b) = recv.await;
+        // The last round posts none: a receive left posted would take the next run's reply.
+        let ahead = if i + 1 < n { spare.take().map(|buf| ep.recv(buf).start()) } else { None };
+        let (res, b) = recv.take().expect("a receive is posted").await;
         res?;
-        r = b;
+        spare = Some(b);
+        recv = ahead;
         if let Some(ns) = clock.since(t0) {
             h.record(ns / 2)?;
         }
@@ -331,16 +341,20 @@ fn raw_side(
     }
     let total = a.warmup + a.iters;
     let s = c.eng.alloc(a.size, Access::LOCAL)?;
-    let r = c.eng.alloc(a.size, Access::LOCAL)?;
+    // Two receive buffers, posted a round ahead as `pingpong` does (ids 10 and 11).
+    let r = [c.eng.alloc(a.size, Access::LOCAL)?, c.eng.alloc(a.size, Access::LOCAL)?];
+    let recv_into = |c: &mut RawConn, i: usize| post(c, 10 + (i % 2) as u64, WrKind::Recv, r[i % 2], a.size);
     let mut comps = Vec::with_capacity(16);
     let mut progress = Progress::new(client && !a.json, total);
     let clock = clock();
     if client {
+        let mut recv = if total > 0 { recv_into(c, 0)? } else { None };
         for i in 0..total {
             let t0 = clock.now();
-            let recv = post(c, 1, WrKind::Recv, r, a.size)?;
             let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
+            let ahead = if i + 1 < total { recv_into(c, i + 1)? } else { None };
             wait_for(c, recv.into_iter().chain(send).collect(), &mut comps)?;
+            recv = ahead;
             if i >= a.warmup {
                 if let Some(h) = hist.as_deref_mut() {
                     if let Some(ns) = clock.since(t0) {
@@ -351,11 +365,17 @@ fn raw_side(
             progress.tick(i);
         }
     } else {
-        let mut recv = post(c, 1, WrKind::Recv, r, a.size)?;
+        let mut posted = std::collections::VecDeque::new();
+        for i in 0..total.min(2) {
+            posted.push_back(recv_into(c, i)?);
+        }
         for i in 0..total {
+            let recv = posted.pop_front().flatten();
             wait_for(c, recv.into_iter().collect(), &mut comps)?;
-            recv = if i + 1 < total { post(c, 1, WrKind::Recv, r, a.size)? } else { None };
             let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
+            if i + 2 < total {
+                posted.push_back(recv_into(c, i + 2)?);
+            }
             wait_for(c, send.into_iter().collect(), &mut comps)?;
         }
     }
