@@ -11,6 +11,7 @@ use crate::buf::cache::{timed, MrCache};
 use crate::buf::{CacheStats, ExposedBuf, IoBuf, RegisteredBuf, SharedBuf};
 use crate::error::{Error, OpKind, Result, TransportError};
 use crate::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
+use crate::op::OpCell;
 use crate::reactor::cmd::{Cmd, OpReq};
 use crate::reactor::thread::{self, Idle, IdlePolicy};
 use crate::reactor::Reactor;
@@ -559,7 +560,9 @@ impl Runtime {
     }
 
     /// Hand an op to the reactor; on shutdown the op fails at once.
-    pub(crate) fn submit(&self, req: OpReq) {
+    /// `polled`: the op's cell, when its future is being polled: an op not done at posting then
+    /// reaps at once, under the same lock (the inline turn its poll would take next).
+    pub(crate) fn submit(&self, req: OpReq, polled: Option<&OpCell>) {
         if self.inner.idle.shutdown.load(Ordering::Acquire) {
             Counters::add_shared(&self.inner.counters.rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
@@ -570,6 +573,9 @@ impl Runtime {
         if let (Some(reactor), true) = (&self.inner.inline, DRIVING.get()) {
             if let Ok(mut r) = reactor.try_lock() {
                 r.submit_now(req);
+                if polled.is_some_and(|c| !c.is_done()) && REAP_IN_POLL.replace(false) {
+                    r.turn();
+                }
                 return;
             }
         }

@@ -4,6 +4,7 @@
 //! waker, an error, and the buffer of a future dropped while its op is posted sit behind locks. The buffer itself stays in the future while the future lives
 //! (tokio-uring's lifecycle): the cell holds it only once the future is gone ("Ignored").
 use std::any::Any;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
@@ -54,15 +55,45 @@ struct Rare {
     orphan: Option<Box<dyn Any + Send>>,
 }
 
+thread_local! {
+    /// Cells of ops resolved on this thread, for the next ops: an op then allocates nothing.
+    static FREE: RefCell<Vec<Arc<OpCell>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Cells kept per thread.
+const FREE_MAX: usize = 64;
+
 impl OpCell {
     pub(crate) fn new() -> Arc<OpCell> {
-        Arc::new(OpCell {
-            state: AtomicU8::new(0),
-            len: AtomicUsize::new(0),
-            imm: AtomicU64::new(0),
-            waker: Mutex::new(None),
-            rare: Mutex::new(Rare::default()),
+        FREE.try_with(|f| f.borrow_mut().pop()).ok().flatten().unwrap_or_else(|| {
+            Arc::new(OpCell {
+                state: AtomicU8::new(0),
+                len: AtomicUsize::new(0),
+                imm: AtomicU64::new(0),
+                waker: Mutex::new(None),
+                rare: Mutex::new(Rare::default()),
+            })
         })
+    }
+
+    /// The op is over and its outcome taken: keep the cell for the next op on this thread, if
+    /// nobody else holds it any more (else it is freed by the last holder, as usual).
+    pub(crate) fn recycle(mut cell: Arc<OpCell>) {
+        let Some(c) = Arc::get_mut(&mut cell) else {
+            return;
+        };
+        *c.state.get_mut() = 0;
+        *c.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+        let rare = c.rare.get_mut().unwrap_or_else(|p| p.into_inner());
+        if rare.error.is_some() || rare.orphan.is_some() {
+            return;
+        }
+        let _ = FREE.try_with(|f| {
+            let mut f = f.borrow_mut();
+            if f.len() < FREE_MAX {
+                f.push(cell);
+            }
+        });
     }
 
     fn rare(&self) -> std::sync::MutexGuard<'_, Rare> {

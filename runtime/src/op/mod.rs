@@ -68,18 +68,19 @@ impl<B: Send + 'static, T> Op<B, T> {
     /// Hand the op to the reactor now, before it is awaited: how to pre-post a receive, or
     /// start a transfer while preparing the next. (Otherwise the first poll does this.)
     pub fn start(mut self) -> Self {
-        self.submit();
+        self.submit(false);
         self
     }
 
-    fn submit(&mut self) {
+    /// `polled`: called from `poll`, which may reap right after posting.
+    fn submit(&mut self, polled: bool) {
         if !matches!(self.inner, Inner::Unsubmitted(..)) {
             return;
         }
         // Moved out, not cloned: each Arc clone and drop is an atomic on the hot path.
         if let Inner::Unsubmitted(rt, Some(req)) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
             let cell = req.cell.clone();
-            rt.submit(req);
+            rt.submit(req, polled.then_some(&*cell));
             self.inner = Inner::Pending(rt, cell);
         }
     }
@@ -119,7 +120,7 @@ impl<B: Send + 'static, T> Future for Op<B, T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        this.submit();
+        this.submit(true);
         let out = match &mut this.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion"),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
@@ -135,7 +136,9 @@ impl<B: Send + 'static, T> Future for Op<B, T> {
             }
         };
         // Let go of the cell and the runtime now: the op is over.
-        this.inner = Inner::Ready(None);
+        if let Inner::Pending(_, cell) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
+            OpCell::recycle(cell);
+        }
         let buf = this.buf.take().expect("Op polled after completion");
         Poll::Ready((out.map(this.map), buf))
     }
