@@ -480,8 +480,11 @@ impl Runtime {
         let flag = Arc::new(Flag(AtomicBool::new(true)));
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
-        let outer = DRIVING.replace(true);
-        let outer_driver = DRIVER.replace(Some((self.id(), waker.clone())));
+        // Restores the thread's driver state however this returns, a panic included.
+        let _driving = Driving {
+            outer: DRIVING.replace(true),
+            outer_driver: DRIVER.replace(Some((self.id(), waker.clone()))),
+        };
         let mut kicks = crate::op::cell::driver_kicks();
         loop {
             // Poll only when woken, or when an op parked on this driver completed: between
@@ -493,8 +496,6 @@ impl Runtime {
                 REAP_IN_POLL.set(true);
                 BUDGET.set(POLL_BUDGET);
                 if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-                    DRIVING.set(outer);
-                    DRIVER.set(outer_driver);
                     return v;
                 }
             }
@@ -684,6 +685,19 @@ thread_local! {
 
 /// Op polls per poll of an inline driver's future before ops start to yield (tokio's budget).
 const POLL_BUDGET: u32 = 128;
+
+/// What `block_on` found in the thread's driver state, put back when it returns or unwinds.
+struct Driving {
+    outer: bool,
+    outer_driver: Option<(u64, Waker)>,
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        DRIVING.set(self.outer);
+        DRIVER.set(self.outer_driver.take());
+    }
+}
 
 /// The inline driver's waker: marks the future as worth polling again.
 struct Flag(AtomicBool);
