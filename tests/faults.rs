@@ -1,6 +1,6 @@
 //! Faults, bad input and access control on real providers: a peer's memory is reachable only as
 //! it exposed it, and every failure is a typed error that leaves both sides serving.
-use rdmalane::{Access, RemoteBuf};
+use rdmalane::{Access, Error, RemoteBuf};
 use rdmalane_conformance::{bounded, enforcing_providers, main_provider, pair, pattern, runtime, share};
 
 /// The descriptor with its length, key or access bits changed, as a misbehaving peer could
@@ -194,5 +194,57 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
         let (c, s) = tokio::join!(client.connect(addr), l.accept());
         c.unwrap();
         s.unwrap();
+    });
+}
+
+#[test]
+fn ops_above_the_largest_message_are_split_and_a_split_write_raises_its_event_after_landing() {
+    // The runtime is told the provider takes 4 KiB messages at most (`max_message`), as EFA's
+    // limits would: one-sided ops above it are split; a write with an immediate value raises
+    // exactly one event, and only once all of its bytes are at the target; a send above it is
+    // refused before anything is posted.
+    bounded(120, async {
+        for p in rdmalane_conformance::providers() {
+            let capped = || {
+                rdmalane::Runtime::builder()
+                    .backend(rdmalane_verbs::Verbs)
+                    .backend(rdmalane_efa::Libfabric)
+                    .provider(p)
+                    .max_message(4096)
+                    .build()
+                    .unwrap()
+            };
+            let (a, b) = (capped(), capped());
+            assert_eq!(a.caps().max_msg_size, 4096, "{p}");
+            let (ab, ba) = pair(&a, &b).await;
+            let len = 64 * 1024 + 123;
+            let region = b.expose(b.alloc(len).unwrap(), Access::READ_WRITE).unwrap();
+            let d = share(&ba, &ab, region.descriptor()).await;
+            for round in 0..3u64 {
+                let mut src = a.alloc(len).unwrap();
+                src.copy_from_slice(&pattern(len, round));
+                let posted = a.stats().posted;
+                let (r, _) = ab.write_with_imm(src, &d, 0x70 + round).await;
+                r.unwrap_or_else(|e| panic!("{p}: split write with imm: {e}"));
+                assert!(a.stats().posted - posted >= 17, "{p}: not split");
+                let ev = b.next_imm().await;
+                // Looked at as the event is seen: every byte must be there already.
+                assert!(region.as_slice() == &pattern(len, round)[..], "{p}: event before the bytes");
+                assert_eq!(ev.imm, 0x70 + round, "{p}");
+                assert!(b.try_next_imm().is_none(), "{p}: more than one event for one write");
+            }
+            let (r, back) = ab.read_remote(a.alloc(len).unwrap(), &d).await;
+            r.unwrap_or_else(|e| panic!("{p}: split read: {e}"));
+            assert!(back[..] == pattern(len, 2)[..], "{p}: read back");
+            let posted = a.stats().posted;
+            let (r, _) = ab.send(a.alloc(8192).unwrap()).await;
+            match r {
+                Err(Error::InvalidArgument { reason, .. }) => {
+                    assert!(reason.contains("4096"), "{p}: {reason}")
+                }
+                other => panic!("{p}: a send above the largest message: {other:?}"),
+            }
+            assert_eq!(a.stats().posted, posted, "{p}: the refused send was posted");
+        }
     });
 }

@@ -187,9 +187,9 @@ impl Endpoint {
         if one_sided && len == 0 {
             return Err(Error::invalid(op, "a zero-length one-sided op moves nothing"));
         }
-        // One-sided ops are split into chunks the provider takes; a message cannot be split,
-        // nor a write whose immediate value must raise exactly one event.
-        if (!one_sided || op == OpKind::WriteImm) && len > max {
+        // One-sided ops are split into chunks the provider takes (a write with an immediate
+        // value too: its last piece carries the value); a message cannot be split.
+        if !one_sided && len > max {
             return Err(Error::invalid(
                 op,
                 format!("{len} bytes exceed the provider's largest message ({max} bytes)"),

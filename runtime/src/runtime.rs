@@ -50,6 +50,7 @@ pub struct Builder {
     sched: SchedConfig,
     secret: Option<Vec<u8>>,
     mr_cache_bytes: Option<usize>,
+    max_message: Option<usize>,
 }
 
 impl Default for Builder {
@@ -66,6 +67,7 @@ impl Default for Builder {
             sched: SchedConfig::default(),
             secret: None,
             mr_cache_bytes: None,
+            max_message: None,
         }
     }
 }
@@ -165,6 +167,15 @@ impl Builder {
         self
     }
 
+    /// Treat `bytes` as the largest message the provider takes, when it is below the
+    /// provider's own limit (`RDMALANE_MAX_MESSAGE` when unset here): one-sided ops above it
+    /// are split (a write with an immediate value too: its last piece carries the value and
+    /// goes out once the rest has landed); a send above it is refused.
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.max_message = Some(bytes);
+        self
+    }
+
     /// Fair-share scheduler settings (chunk size, budgets, latency threshold, fifo mode).
     /// Environment variables (`RDMALANE_SCHEDULER`, `RDMALANE_CHUNK_SIZE`, ...) override them.
     pub fn scheduler(mut self, cfg: SchedConfig) -> Self {
@@ -210,7 +221,16 @@ impl Builder {
         if !(1..=64).contains(&lanes) {
             return Err(Error::invalid(OpKind::Open, format!("{lanes} lanes per peer (1 to 64)")));
         }
-        let caps = transport.caps().clone();
+        let mut caps = transport.caps().clone();
+        let cap = self
+            .max_message
+            .or_else(|| std::env::var("RDMALANE_MAX_MESSAGE").ok().and_then(|s| s.parse().ok()));
+        if let Some(cap) = cap {
+            if cap == 0 {
+                return Err(Error::invalid(OpKind::Open, "a largest message of 0 bytes"));
+            }
+            caps.max_msg_size = caps.max_msg_size.min(cap);
+        }
         // With several rails, one bulk lane per rail at least (behind the express lane).
         let lanes = if caps.rails > 1 { lanes.max(1 + caps.rails).min(64) } else { lanes };
         if caps.rails > 1 {

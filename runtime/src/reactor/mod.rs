@@ -143,10 +143,14 @@ fn piece(
         (Some(keys), r) if r > 0 => keys.get(r - 1).copied().unwrap_or(key),
         _ => key,
     };
+    // A plain write split with an immediate value: only the piece that ends it carries it.
+    let ends_op = req.batch.is_some() || offset + len == req.seg.len;
     let kind = match req.kind {
-        WrKind::Write { remote_addr, key, imm } => {
-            WrKind::Write { remote_addr: remote_addr + remote_off, key: rail_key(key), imm }
-        }
+        WrKind::Write { remote_addr, key, imm } => WrKind::Write {
+            remote_addr: remote_addr + remote_off,
+            key: rail_key(key),
+            imm: imm.filter(|_| ends_op),
+        },
         WrKind::Read { remote_addr, key } => {
             WrKind::Read { remote_addr: remote_addr + remote_off, key: rail_key(key) }
         }
@@ -275,7 +279,11 @@ impl Reactor {
         let len = req.len();
         let class = req.class.unwrap_or_else(|| self.sched.config().default_class(len));
         let plain = req.batch.is_none();
-        if class == Class::Latency && plain && self.sched.is_empty() && len <= self.sched.config().chunk_size
+        let cfg = self.sched.config();
+        if class == Class::Latency
+            && plain
+            && self.sched.is_empty()
+            && len <= cfg.chunk_size.min(cfg.max_message)
         {
             self.sched.note_latency();
             self.push_direct(req);
@@ -291,11 +299,16 @@ impl Reactor {
             (true, Class::Bulk) if p.lane_ids.len() > 1 => p.bulk_lanes.clone(),
             (true, _) => p.lane_ids.clone(),
         };
-        // An immediate value raises one event per work request: ops carrying one are never split
-        // (a batch's pieces each carry it, one work request apiece).
+        // An immediate value raises one event per work request: ops carrying one are not split
+        // (a batch's pieces each carry it, one work request apiece), except a plain write above
+        // the largest message: its last piece alone carries the value, and goes out once the
+        // rest has landed.
         let imm = matches!(req.kind, WrKind::Write { imm: Some(_), .. });
+        let max = self.sched.config().max_message;
+        let tail = if imm && plain && len > max { max } else { 0 };
         let cuts = req.batch.as_ref().map(|b| b.cuts.clone());
-        let spec = OpSpec { tenant: req.tenant, class, len, lanes, splittable: one_sided && !imm, cuts };
+        let splittable = one_sided && (!imm || tail > 0);
+        let spec = OpSpec { tenant: req.tenant, class, len, lanes, splittable, cuts, tail };
         let id = self.sched.push(spec);
         if self.held.len() <= id.0 {
             self.held.resize_with(id.0 + 1, || None);

@@ -29,6 +29,10 @@ pub struct OpSpec {
     /// Offsets no chunk may span (sorted, ascending): where a batch's pieces that cannot share
     /// a work request meet. With `splittable` false each stretch between cuts is one chunk.
     pub cuts: Option<Arc<[usize]>>,
+    /// The last `tail` bytes go out as one chunk, and only once every other chunk of the op has
+    /// completed (0: no such fence). A split write with an immediate value: the piece that
+    /// raises the event must not land before the rest.
+    pub tail: usize,
 }
 
 /// A piece of an op to post now.
@@ -61,6 +65,8 @@ struct OpState {
     lanes: Arc<[LaneId]>,
     splittable: bool,
     cuts: Option<Arc<[usize]>>,
+    /// Where the fenced tail starts (`len` when there is none).
+    body_end: usize,
     /// Next offset never issued.
     issued: usize,
     /// Ranges issued and handed back (post refused): issued again first.
@@ -81,6 +87,10 @@ impl OpState {
     }
     fn resolved(&self) -> bool {
         self.outstanding == 0 && (self.failed || self.cancelled || !self.has_unissued())
+    }
+    /// The body is all issued, the fenced tail is not, and the body is still in flight.
+    fn fenced(&self) -> bool {
+        self.body_end < self.len && self.issued == self.body_end && self.returned.is_empty()
     }
 }
 
@@ -185,6 +195,7 @@ impl Scheduler {
             lanes: spec.lanes,
             splittable: spec.splittable,
             cuts: spec.cuts,
+            body_end: spec.len - spec.tail.min(spec.len),
             issued: 0,
             returned: Vec::new(),
             outstanding: 0,
@@ -413,7 +424,11 @@ impl Scheduler {
     /// Cut the next piece (at most `max` bytes) of `id` for `lane`, and account for it.
     fn issue(&mut self, id: OpId, lane: LaneId, max: usize) -> Chunk {
         let o = &mut self.ops[id.0];
-        let max = if o.splittable { max.clamp(1, self.cfg.max_message.max(1)) } else { usize::MAX };
+        // The fenced tail is one chunk, whatever the chunk size.
+        let tail = o.body_end < o.len
+            && o.issued == o.body_end
+            && o.returned.last().is_none_or(|r| r.0 == o.body_end);
+        let max = if o.splittable && !tail { max.clamp(1, self.cfg.max_message.max(1)) } else { usize::MAX };
         let (offset, len) = match o.returned.pop() {
             Some((off, len)) if len > max => {
                 o.returned.push((off + max, len - max));
@@ -427,14 +442,16 @@ impl Scheduler {
                     Some(cuts) => cuts.get(cuts.partition_point(|&c| c <= off)).copied().unwrap_or(o.len),
                     None => o.len,
                 };
-                let len = (end.min(o.len) - off).min(max);
+                let limit = if off < o.body_end { o.body_end } else { o.len };
+                let len = (end.min(limit) - off).min(max);
                 o.issued += len;
                 (off, len)
             }
         };
         o.outstanding += 1;
         o.rr = o.rr.wrapping_add(1);
-        let done_issuing = !o.has_unissued();
+        // Fenced: out of the queues until its body completes (`complete` puts it back).
+        let done_issuing = !o.has_unissued() || o.fenced();
         let (tenant, class) = (o.tenant, o.class);
         if done_issuing {
             self.dequeue(id);
@@ -500,6 +517,11 @@ impl Scheduler {
         if !ok && !self.ops[c.op.0].failed {
             self.ops[c.op.0].failed = true;
             self.withdraw(c.op);
+        }
+        let o = &self.ops[c.op.0];
+        if o.outstanding == 0 && o.fenced() && !o.failed && !o.cancelled && !o.queued {
+            // The body has landed: the tail may go.
+            self.enqueue(c.op, true);
         }
         self.resolve(c.op)
     }

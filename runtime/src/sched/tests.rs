@@ -19,7 +19,7 @@ fn cfg() -> SchedConfig {
 }
 
 fn bulk(tenant: TenantId, len: usize, lanes: Vec<LaneId>) -> OpSpec {
-    OpSpec { tenant, class: Class::Bulk, len, lanes: lanes.into(), splittable: true, cuts: None }
+    OpSpec { tenant, class: Class::Bulk, len, lanes: lanes.into(), splittable: true, cuts: None, tail: 0 }
 }
 
 /// Run until `stop` or nothing moves; completes the oldest chunk each step unless `order`
@@ -73,7 +73,7 @@ proptest! {
         let mut lens = HashMap::new();
         for (t, len, small, lanes) in ops {
             let class = if small { Class::Latency } else { Class::Bulk };
-            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).collect::<Vec<_>>().into(), splittable: true, cuts: None });
+            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).collect::<Vec<_>>().into(), splittable: true, cuts: None, tail: 0 });
             lens.insert(id, len);
         }
         for i in order {
@@ -154,6 +154,51 @@ proptest! {
         }
         sim.drain();
         prop_assert_eq!(sim.done, vec![OpDone { op: id, ok: true }]);
+    }
+
+    #[test]
+    fn a_fenced_tail_goes_out_whole_and_only_after_the_rest_has_completed(
+        len in 1usize..40_000,
+        tail in 1usize..3_000,
+        others in 0usize..3,
+        order in proptest::collection::vec(any::<usize>(), 0..400),
+    ) {
+        // The tail may exceed the chunk size (1000): it still goes out as one chunk.
+        let c = SchedConfig { max_message: 3_000, ..cfg() };
+        let mut sim = Sim::new(c);
+        let id = sim.s.push(OpSpec { tail, ..bulk(0, len, vec![0, 1]) });
+        for t in 0..others {
+            sim.s.push(bulk(1 + t as u32, 20_000, vec![0, 1]));
+        }
+        let tail = tail.min(len);
+        let mut completed = 0usize;
+        let mut steps = order.into_iter().chain(std::iter::repeat(0)).take(2_000);
+        loop {
+            let before = sim.posted.len();
+            sim.fill();
+            for c in &sim.posted[before..] {
+                if c.op != id {
+                    continue;
+                }
+                let is_tail = c.offset + c.len > len - tail;
+                if is_tail {
+                    prop_assert_eq!((c.offset, c.len), (len - tail, tail), "tail cut");
+                    prop_assert_eq!(completed, len - tail, "tail before the body landed");
+                    prop_assert!(!sim.inflight.iter().any(|x| x.op == id && x != c), "body in flight");
+                }
+            }
+            if sim.inflight.is_empty() {
+                break;
+            }
+            let i = steps.next().unwrap_or(0) % sim.inflight.len();
+            if sim.inflight[i].op == id {
+                completed += sim.inflight[i].len;
+            }
+            sim.complete_at(i, true);
+        }
+        prop_assert_eq!(completed, len);
+        let ok = OpDone { op: id, ok: true };
+        prop_assert!(sim.done.contains(&ok), "not resolved ok: {:?}", sim.done);
     }
 
     #[test]
@@ -248,6 +293,7 @@ fn a_latency_op_goes_before_any_further_bulk_and_waits_for_at_most_the_budget() 
         lanes: vec![0, 1].into(),
         splittable: false,
         cuts: None,
+        tail: 0,
     });
     sim.complete_at(0, true);
     let mut out = Vec::new();
@@ -271,6 +317,7 @@ fn bulk_is_not_starved_by_a_latency_flood() {
                 lanes: vec![0].into(),
                 splittable: false,
                 cuts: None,
+                tail: 0,
             });
         }
         sim.fill();
@@ -297,6 +344,7 @@ fn small_ops_are_never_split_and_messages_never_are() {
         lanes: vec![0].into(),
         splittable: true,
         cuts: None,
+        tail: 0,
     });
     let b = sim.s.push(OpSpec {
         tenant: 0,
@@ -305,6 +353,7 @@ fn small_ops_are_never_split_and_messages_never_are() {
         lanes: vec![0].into(),
         splittable: false,
         cuts: None,
+        tail: 0,
     });
     sim.drain();
     let pieces = |id| sim.posted.iter().filter(|c| c.op == id).count();
@@ -324,6 +373,7 @@ fn fifo_posts_whole_ops_in_arrival_order() {
         lanes: vec![0].into(),
         splittable: true,
         cuts: None,
+        tail: 0,
     });
     sim.fill();
     assert_eq!(sim.posted.iter().map(|c| (c.op, c.len)).collect::<Vec<_>>(), vec![(a, 50_000), (b, 16)]);
@@ -341,6 +391,7 @@ fn bulk_per_round_bounds_the_chunks_of_one_call_but_not_latency() {
             lanes: vec![0].into(),
             splittable: false,
             cuts: None,
+            tail: 0,
         });
     }
     let mut out = Vec::new();
@@ -365,6 +416,7 @@ fn bulk_runs_unthrottled_until_latency_work_shows_up() {
         lanes: vec![0].into(),
         splittable: false,
         cuts: None,
+        tail: 0,
     });
     let before = sim.posted.len();
     sim.fill();
