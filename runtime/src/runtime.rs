@@ -461,9 +461,10 @@ impl Runtime {
     }
 
     /// Stop the reactor now, with handles (buffers, endpoints, ops) still alive: queued ops fail
-    /// with `Error::Shutdown`, posted ones get up to two seconds to complete (their buffers are
-    /// leaked, never freed under DMA, if they do not), and every later op fails with
-    /// `Error::Shutdown`. Dropping the last handle does the same.
+    /// with `Error::Shutdown`, posted ones get up to two seconds to complete (those that do not
+    /// fail with `Error::Shutdown` once their lanes are closed, after which no NIC touches their
+    /// buffers), and every later op fails with `Error::Shutdown`. Dropping the last handle does
+    /// the same.
     pub fn shutdown(&self) {
         self.inner.idle.shutdown.store(true, Ordering::SeqCst);
         self.inner.notifier.notify();
@@ -504,11 +505,14 @@ impl Runtime {
         let _driving = Driving {
             outer: DRIVING.replace(true),
             outer_driver: DRIVER.replace(Some((self.id(), waker.clone()))),
+            reap: REAP_IN_POLL.get(),
+            budget: BUDGET.get(),
         };
         let mut kicks = crate::op::cell::driver_kicks();
         loop {
-            // Poll only when woken, or when an op parked on this driver completed: between
-            // those the loop is the reactor's alone.
+            // Poll only when woken, or when a parked op completed (any in the process: the
+            // count is global, so an extra poll now and then): between those the loop is the
+            // reactor's alone.
             let now = crate::op::cell::driver_kicks();
             let woken = flag.0.load(Ordering::Relaxed) && flag.0.swap(false, Ordering::Acquire);
             if woken || now != kicks {
@@ -710,12 +714,17 @@ const POLL_BUDGET: u32 = 128;
 struct Driving {
     outer: bool,
     outer_driver: Option<(u64, Waker)>,
+    /// An outer driver's poll in progress keeps its reap and budget.
+    reap: bool,
+    budget: u32,
 }
 
 impl Drop for Driving {
     fn drop(&mut self) {
         DRIVING.set(self.outer);
         DRIVER.set(self.outer_driver.take());
+        REAP_IN_POLL.set(self.reap);
+        BUDGET.set(self.budget);
     }
 }
 

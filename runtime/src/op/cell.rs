@@ -123,6 +123,7 @@ impl OpCell {
         // write orders this against the future's registering: either it sees the outcome, or
         // this sees how it waits.
         let prev = self.state.fetch_or(state, Ordering::AcqRel);
+        debug_assert_eq!(prev & OUTCOME, 0, "an op completed twice");
         if prev & WAITING != 0 {
             let w = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(w) = w {

@@ -79,9 +79,12 @@ impl<B: Send + 'static, T> Op<B, T> {
         }
         // Moved out, not cloned: each Arc clone and drop is an atomic on the hot path.
         if let Inner::Unsubmitted(rt, Some(req)) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
-            let cell = req.cell.clone();
-            rt.submit(req, polled.then_some(&*cell));
-            self.inner = Inner::Pending(rt, cell);
+            // Pending before the reactor sees it: should anything in `submit` (another op's
+            // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
+            self.inner = Inner::Pending(rt, req.cell.clone());
+            if let Inner::Pending(rt, cell) = &self.inner {
+                rt.submit(req, polled.then_some(&**cell));
+            }
         }
     }
 

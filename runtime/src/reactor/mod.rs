@@ -695,8 +695,8 @@ impl Reactor {
         }
     }
 
-    /// Fail everything queued, wait (bounded) for posted ops, and leak what never completes
-    /// rather than free memory a NIC may still touch.
+    /// Fail everything queued, wait (bounded) for posted ops, then close every lane (after
+    /// which no NIC touches a posted buffer) and fail what never completed.
     pub(crate) fn shutdown(&mut self, limit: Duration) {
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
