@@ -1,8 +1,9 @@
 //! The cell an op's future and the reactor share. The reactor writes the outcome once and wakes
 //! the future; the future reads it. A success travels in atomics, and an op awaited directly by
 //! an inline driver waits without a waker (it parks), so the latency path takes no lock; a
-//! waker, an error, and the buffer of a future dropped while its op is posted sit behind locks. The buffer itself stays in the future while the future lives
-//! (tokio-uring's lifecycle): the cell holds it only once the future is gone ("Ignored").
+//! waker, an error, and the buffer of a future dropped while its op is posted sit behind locks.
+//! The buffer itself stays in the future while the future lives (tokio-uring's lifecycle): the
+//! cell holds it only once the future is gone ("Ignored").
 use std::any::Any;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
