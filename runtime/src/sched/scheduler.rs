@@ -88,9 +88,13 @@ impl OpState {
     fn resolved(&self) -> bool {
         self.outstanding == 0 && (self.failed || self.cancelled || !self.has_unissued())
     }
-    /// The body is all issued, the fenced tail is not, and the body is still in flight.
+    /// The next range to issue is the fenced tail (fresh, or handed back after a refused post).
+    fn at_tail(&self) -> bool {
+        self.body_end < self.len && self.returned.last().map_or(self.issued, |r| r.0) == self.body_end
+    }
+    /// The body is all issued and the fenced tail is not: it waits for the body to complete.
     fn fenced(&self) -> bool {
-        self.body_end < self.len && self.issued == self.body_end && self.returned.is_empty()
+        self.at_tail() && self.returned.is_empty()
     }
 }
 
@@ -425,10 +429,8 @@ impl Scheduler {
     fn issue(&mut self, id: OpId, lane: LaneId, max: usize) -> Chunk {
         let o = &mut self.ops[id.0];
         // The fenced tail is one chunk, whatever the chunk size.
-        let tail = o.body_end < o.len
-            && o.issued == o.body_end
-            && o.returned.last().is_none_or(|r| r.0 == o.body_end);
-        let max = if o.splittable && !tail { max.clamp(1, self.cfg.max_message.max(1)) } else { usize::MAX };
+        let max =
+            if o.splittable && !o.at_tail() { max.clamp(1, self.cfg.max_message.max(1)) } else { usize::MAX };
         let (offset, len) = match o.returned.pop() {
             Some((off, len)) if len > max => {
                 o.returned.push((off + max, len - max));

@@ -162,6 +162,7 @@ proptest! {
         tail in 1usize..3_000,
         others in 0usize..3,
         order in proptest::collection::vec(any::<usize>(), 0..400),
+        refuse in proptest::collection::vec(proptest::bool::weighted(0.3), 0..400),
     ) {
         // The tail may exceed the chunk size (1000): it still goes out as one chunk.
         let c = SchedConfig { max_message: 3_000, ..cfg() };
@@ -173,9 +174,23 @@ proptest! {
         let tail = tail.min(len);
         let mut completed = 0usize;
         let mut steps = order.into_iter().chain(std::iter::repeat(0)).take(2_000);
+        // Some posts are refused (a full queue): those chunks go back and come out again.
+        let mut refuse = refuse.into_iter();
         loop {
             let before = sim.posted.len();
             sim.fill();
+            let fresh: Vec<Chunk> = sim.posted.drain(before..).collect();
+            let mut refused = false;
+            for c in fresh.into_iter().rev() {
+                if refuse.next() == Some(true) {
+                    refused = true;
+                    sim.s.unissue(c);
+                    let at = sim.inflight.iter().position(|x| *x == c).expect("posted");
+                    sim.inflight.remove(at);
+                } else {
+                    sim.posted.push(c);
+                }
+            }
             for c in &sim.posted[before..] {
                 if c.op != id {
                     continue;
@@ -188,6 +203,9 @@ proptest! {
                 }
             }
             if sim.inflight.is_empty() {
+                if refused {
+                    continue;
+                }
                 break;
             }
             let i = steps.next().unwrap_or(0) % sim.inflight.len();
