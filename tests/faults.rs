@@ -198,11 +198,11 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
 }
 
 #[test]
-fn ops_above_the_largest_message_are_split_and_a_split_write_raises_its_event_after_landing() {
+fn one_sided_ops_above_the_largest_message_are_split_and_a_split_write_raises_its_event_after_landing() {
     // The runtime is told the provider takes 4 KiB messages at most (`max_message`), as EFA's
     // limits would: one-sided ops above it are split; a write with an immediate value raises
-    // exactly one event, and only once all of its bytes are at the target; a send above it is
-    // refused before anything is posted.
+    // exactly one event, and only once all of its bytes are at the target. (Sends above it go
+    // by rendezvous: the next test.)
     bounded(120, async {
         for p in rdmalane_conformance::providers() {
             let capped = || {
@@ -236,15 +236,69 @@ fn ops_above_the_largest_message_are_split_and_a_split_write_raises_its_event_af
             let (r, back) = ab.read_remote(a.alloc(len).unwrap(), &d).await;
             r.unwrap_or_else(|e| panic!("{p}: split read: {e}"));
             assert!(back[..] == pattern(len, 2)[..], "{p}: read back");
-            let posted = a.stats().posted;
-            let (r, _) = ab.send(a.alloc(8192).unwrap()).await;
-            match r {
-                Err(Error::InvalidArgument { reason, .. }) => {
-                    assert!(reason.contains("4096"), "{p}: {reason}")
-                }
-                other => panic!("{p}: a send above the largest message: {other:?}"),
+        }
+    });
+}
+
+fn capped(p: &str, max: usize) -> rdmalane::Runtime {
+    rdmalane::Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
+        .backend(rdmalane_efa::Libfabric)
+        .provider(p)
+        .max_message(max)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn messages_above_the_largest_message_arrive_whole_and_in_their_place() {
+    // With 4 KiB messages at most, a larger send goes by rendezvous (a marker message takes its
+    // place, the receiver reads the bytes): it lands whole in the receive it would have landed
+    // in, between plain messages; a receive too small fails on both sides and the link goes on;
+    // a send whose future is dropped still arrives; a peer that goes away fails the send.
+    use rdmalane::FailureClass;
+    let truncated = |r: &Result<usize, Error>| matches!(r, Err(Error::Transport { source, .. }) if source.class == FailureClass::Truncated);
+    bounded(180, async {
+        for p in rdmalane_conformance::providers() {
+            let (a, b) = (capped(p, 4096), capped(p, 4096));
+            let (ab, ba) = pair(&a, &b).await;
+            // Big, small, big, exactly the limit, one byte above it: in order, each whole.
+            let sizes = [64 * 1024 + 123, 100, 20_000, 4096, 4097];
+            let recvs: Vec<_> = sizes.iter().map(|_| ba.recv(b.alloc(70_000).unwrap()).start()).collect();
+            for (i, &n) in sizes.iter().enumerate() {
+                let mut m = a.alloc(n).unwrap();
+                m.copy_from_slice(&pattern(n, i as u64));
+                let (r, _) = ab.send(m).await;
+                assert_eq!(r.unwrap_or_else(|e| panic!("{p}: send {i} ({n} bytes): {e}")), n, "{p}");
             }
-            assert_eq!(a.stats().posted, posted, "{p}: the refused send was posted");
+            for (i, (f, &n)) in recvs.into_iter().zip(&sizes).enumerate() {
+                let (r, got) = f.await;
+                assert_eq!(r.unwrap_or_else(|e| panic!("{p}: recv {i}: {e}")), n, "{p}: recv {i}");
+                assert!(got[..n] == pattern(n, i as u64)[..], "{p}: recv {i} bytes differ");
+            }
+            // A receive too small for the message: both sides fail, typed; nothing is read.
+            let small = ba.recv(b.alloc(8192).unwrap()).start();
+            let (r, _) = ab.send(a.alloc(10_000).unwrap()).await;
+            assert!(truncated(&r), "{p}: send into a small receive: {r:?}");
+            let (r, buf) = small.await;
+            assert!(truncated(&r), "{p}: small receive: {r:?}");
+            assert!(buf.iter().all(|&x| x == 0), "{p}: bytes read into a receive that failed");
+            // A send whose future is dropped once posted still arrives whole.
+            let next = ba.recv(b.alloc(50_000).unwrap()).start();
+            let mut m = a.alloc(50_000).unwrap();
+            m.copy_from_slice(&pattern(50_000, 9));
+            drop(ab.send(m).start());
+            let (r, got) = next.await;
+            assert_eq!(r.unwrap_or_else(|e| panic!("{p}: after a dropped send: {e}")), 50_000, "{p}");
+            assert!(got[..] == pattern(50_000, 9)[..], "{p}: dropped send's bytes differ");
+            // A receiver that goes away before taking the message fails the send, in bounded time.
+            let send = ab.send(a.alloc(30_000).unwrap()).start();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            drop(ba);
+            let (r, _) = tokio::time::timeout(std::time::Duration::from_secs(20), send)
+                .await
+                .unwrap_or_else(|_| panic!("{p}: send to a gone peer did not resolve"));
+            assert!(r.as_ref().is_err_and(|e| e.is_peer_lost()), "{p}: send to a gone peer: {r:?}");
         }
     });
 }

@@ -7,15 +7,18 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::control::Ctl;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, OpKind, Result};
 use crate::runtime::Runtime;
 
 const MAGIC: &[u8; 4] = b"RDLN";
-const VERSION: u16 = 3;
+// 4: the control connection carries framed messages (`control`), not only heartbeat bytes.
+const VERSION: u16 = 4;
 const MAX_FIELD: usize = 1024;
 const READY: u8 = 0x52;
-const HEARTBEAT: u8 = 0x48;
 
 struct Hello {
     id: u64,
@@ -318,8 +321,10 @@ async fn meet(
         return Err((fail(why), None));
     }
     let label = format!("{addr}#{:x}", them.id);
-    let slot =
-        rt.add_peer(them.id, lanes, them.names, them.rails as usize, label.clone()).map_err(|e| (e, None))?;
+    let (ctl, outbox) = tokio::sync::mpsc::unbounded_channel();
+    let slot = rt
+        .add_peer(them.id, lanes, them.names, them.rails as usize, label.clone(), ctl)
+        .map_err(|e| (e, None))?;
     // Both sides must know each other before the first message, or a message could reach a
     // lane not yet connected.
     let sync = async {
@@ -333,37 +338,66 @@ async fn meet(
         Ok(b) => return Err((fail(format!("unexpected byte {b:#x} instead of ready")), Some(slot))),
         Err(e) => return Err((fail(format!("waiting for ready: {e}")), Some(slot))),
     }
-    let watch = watch_peer(rt.clone(), slot, s);
+    let watch = watch_peer(rt.clone(), slot, them.id, s, outbox);
     Ok(Endpoint::new(rt.clone(), slot, them.id, label, Some(watch)))
 }
 
-/// The control socket stays open for the endpoint's life; EOF or an error means the peer is
-/// gone.
-fn watch_peer(rt: Runtime, slot: usize, s: TcpStream) -> tokio::task::JoinHandle<()> {
+/// The control socket stays open for the endpoint's life: it carries what the reactor has to
+/// tell the peer (`outbox`) and heartbeats, and brings the peer's messages to the reactor. EOF,
+/// an error, silence or a malformed message means the peer is gone.
+fn watch_peer(
+    rt: Runtime,
+    slot: usize,
+    peer_id: u64,
+    s: TcpStream,
+    mut outbox: UnboundedReceiver<Ctl>,
+) -> tokio::task::JoinHandle<()> {
     let weak = rt.downgrade();
     let timeout = rt.peer_timeout();
     drop(rt);
-    let (mut rd, mut wr) = s.into_split();
+    let (rd, mut wr) = s.into_split();
+    let mut rd = tokio::io::BufReader::new(rd);
     tokio::spawn(async move {
         // Both sides send a heartbeat a few times per timeout, so a peer whose host or network
         // went away (no FIN, no RST) is noticed too.
         let beat = timeout / 3;
         let writer = async {
+            let mut open = true;
             loop {
-                tokio::time::sleep(beat).await;
-                if let Err(e) = wr.write_all(&[HEARTBEAT]).await {
+                let next = async {
+                    match open {
+                        true => outbox.recv().await,
+                        false => std::future::pending().await,
+                    }
+                };
+                let msg = tokio::select! {
+                    _ = tokio::time::sleep(beat) => Some(Ctl::Heartbeat),
+                    m = next => m,
+                };
+                // The reactor dropped its sender (the peer was removed): heartbeats only.
+                let Some(msg) = msg else {
+                    open = false;
+                    continue;
+                };
+                if let Err(e) = wr.write_all(&msg.encode()).await {
                     return format!("control connection: {e}");
                 }
             }
         };
         let reader = async {
-            let mut b = [0u8; 64];
             loop {
-                match tokio::time::timeout(timeout, rd.read(&mut b)).await {
+                match tokio::time::timeout(timeout, Ctl::read(&mut rd)).await {
                     Err(_) => return format!("no heartbeat for {} ms", timeout.as_millis()),
-                    Ok(Ok(0)) => return "control connection closed".to_string(),
-                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return "control connection closed".to_string()
+                    }
                     Ok(Err(e)) => return format!("control connection: {e}"),
+                    Ok(Ok(Err(why))) => return format!("control protocol violated: {why}"),
+                    Ok(Ok(Ok(Ctl::Heartbeat))) => {}
+                    Ok(Ok(Ok(msg))) => match weak.upgrade() {
+                        Some(rt) => rt.control(slot, peer_id, msg),
+                        None => return "runtime gone".to_string(),
+                    },
                 }
             }
         };

@@ -143,7 +143,11 @@ impl Endpoint {
         self.submit_with(op, buf, kind, Some(Arc::new(layout)), remote.rail_keys())
     }
 
-    /// Send `buf` as one message; the peer's `recv` gets it.
+    /// Send `buf` as one message; the peer's `recv` gets it. A message above the provider's
+    /// largest (`Caps::max_msg_size`, or `Builder::max_message`) goes by rendezvous: the peer
+    /// reads it from `buf`, which stays exposed read-only to that peer until it has, and the
+    /// send completes then. A peer whose receive buffer is too small fails both sides'
+    /// operations (`FailureClass::Truncated`).
     pub fn send<B: IoBuf>(&self, buf: B) -> Op<B> {
         self.two_sided(OpKind::Send, buf, WrKind::Send { imm: None })
     }
@@ -188,11 +192,15 @@ impl Endpoint {
             return Err(Error::invalid(op, "a zero-length one-sided op moves nothing"));
         }
         // One-sided ops are split into chunks the provider takes (a write with an immediate
-        // value too: its last piece carries the value); a message cannot be split.
-        if !one_sided && len > max {
+        // value too: its last piece carries the value). A larger message goes by rendezvous:
+        // a marker message carrying immediate data, and the receiver reads the bytes.
+        if op == OpKind::Send && len > max && self.rt.caps().cq_data_size == 0 {
             return Err(Error::invalid(
                 op,
-                format!("{len} bytes exceed the provider's largest message ({max} bytes)"),
+                format!(
+                    "{len} bytes exceed the provider's largest message ({max} bytes), and it \
+                     carries no immediate data to send it by rendezvous"
+                ),
             ));
         }
         Ok(())

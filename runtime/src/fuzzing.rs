@@ -14,3 +14,8 @@ pub fn descriptor(bytes: &[u8]) {
         assert_eq!(again.to_bytes(), d.to_bytes(), "descriptor round trip");
     }
 }
+
+/// Decode a stream of control-connection messages (what a peer sends after the handshake).
+pub fn control(bytes: &[u8]) {
+    let _ = crate::control::decode_all(bytes);
+}

@@ -17,6 +17,7 @@
 mod batch;
 mod bootstrap;
 pub mod buf;
+mod control;
 mod endpoint;
 mod error;
 #[doc(hidden)]

@@ -7,8 +7,11 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
+use tokio::sync::mpsc::UnboundedSender;
+
 use crate::buf::cache::{timed, MrCache};
 use crate::buf::{CacheStats, ExposedBuf, IoBuf, RegisteredBuf, SharedBuf};
+use crate::control::Ctl;
 use crate::error::{Error, OpKind, Result, TransportError};
 use crate::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::op::OpCell;
@@ -666,9 +669,10 @@ impl Runtime {
         names: Vec<Vec<u8>>,
         rails: usize,
         label: String,
+        ctl: UnboundedSender<Ctl>,
     ) -> Result<usize> {
         let peer = label.clone();
-        self.call(OpKind::Connect, |reply| Cmd::AddPeer { id, lanes, names, rails, label, reply })?
+        self.call(OpKind::Connect, |reply| Cmd::AddPeer { id, lanes, names, rails, label, ctl, reply })?
             .map_err(|e| Error::from_transport(OpKind::Connect, &peer, e))
     }
 
@@ -682,6 +686,11 @@ impl Runtime {
 
     pub(crate) fn peer_lost(&self, slot: usize, reason: String) {
         let _ = self.send(Cmd::PeerLost { slot, reason });
+    }
+
+    /// A message the peer in `slot` (runtime `peer_id`) sent on its control connection.
+    pub(crate) fn control(&self, slot: usize, peer_id: u64, msg: Ctl) {
+        let _ = self.send(Cmd::Control { slot, peer_id, msg });
     }
 }
 

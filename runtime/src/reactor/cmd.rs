@@ -3,7 +3,10 @@ use std::any::Any;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 
+use tokio::sync::mpsc::UnboundedSender;
+
 use crate::batch::Layout;
+use crate::control::Ctl;
 use crate::error::{OpKind, TransportError};
 use crate::op::OpCell;
 use crate::sched::{Class, TenantId};
@@ -68,6 +71,8 @@ pub(crate) enum Cmd {
         /// The peer's rail count: its lane i runs on `rail_of(i, rails)`.
         rails: usize,
         label: String,
+        /// Where the reactor's messages to the peer go (its control connection).
+        ctl: UnboundedSender<Ctl>,
         reply: Reply<Result<usize, TransportError>>,
     },
     /// A handshake failed after `OpenLanes`: close them.
@@ -87,5 +92,11 @@ pub(crate) enum Cmd {
     PeerLost {
         slot: usize,
         reason: String,
+    },
+    /// The peer in `slot` (runtime `peer_id`) sent a message on its control connection.
+    Control {
+        slot: usize,
+        peer_id: u64,
+        msg: Ctl,
     },
 }

@@ -3,6 +3,7 @@
 //! completes op cells. One thread drives it at a time: its own pinned thread ([`thread`]) or a
 //! caller of `Runtime::block_on` (inline driver).
 pub(crate) mod cmd;
+mod rendezvous;
 pub(crate) mod thread;
 
 use std::collections::VecDeque;
@@ -12,9 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slab::Slab;
+use tokio::sync::mpsc::UnboundedSender;
 
 use crate::batch::MAX_SGE;
 use crate::buf::lease;
+use crate::control::Ctl;
 use crate::error::{Error, OpKind, TransportError};
 use crate::imm::ImmQueue;
 use crate::op::{Done, OpCell};
@@ -41,6 +44,8 @@ struct InFlight {
     len: usize,
     /// The scheduler's chunk; `None` for ops that bypass it.
     chunk: Option<Chunk>,
+    /// The op's memory (a receive that gets a rendezvous marker reads the message into it).
+    seg: LocalSeg,
 }
 
 /// An op the scheduler holds, with what the reactor needs to post its chunks.
@@ -68,6 +73,8 @@ struct Peer {
     /// Why the peer is gone, once it is: its lanes are closed and new ops fail at once.
     lost: Option<String>,
     inflight: usize,
+    /// The peer's control connection.
+    ctl: UnboundedSender<Ctl>,
 }
 
 impl Peer {
@@ -114,6 +121,10 @@ pub(crate) struct Reactor {
     rails: usize,
     /// Our rail of each open lane, indexed by lane id.
     lane_rail: Vec<usize>,
+    /// The provider's largest message (the runtime's `max_message` may be lower): receives
+    /// post at most this much, as larger messages come by rendezvous.
+    provider_max: usize,
+    rndv: rendezvous::Rendezvous,
 }
 
 /// Complete an op cell and count the outcome.
@@ -199,6 +210,8 @@ impl Reactor {
             disconnected: false,
             rails: t.caps().rails.max(1),
             lane_rail: Vec::new(),
+            provider_max: t.caps().max_msg_size.max(1),
+            rndv: rendezvous::Rendezvous::default(),
             counters,
             idle,
             t,
@@ -221,6 +234,7 @@ impl Reactor {
     /// nothing overtakes them.
     pub(crate) fn submit_now(&mut self, req: OpReq) {
         self.take_commands();
+        Counters::add(&self.counters.submitted);
         self.accept(req);
         self.post();
     }
@@ -261,7 +275,6 @@ impl Reactor {
     }
 
     fn accept(&mut self, req: OpReq) {
-        Counters::add(&self.counters.submitted);
         let peer = self.peers.get(req.peer).filter(|p| p.id == req.peer_id);
         let gone = match peer {
             None => Some((String::from("-"), String::from("endpoint closed"))),
@@ -269,13 +282,24 @@ impl Reactor {
         };
         if let Some((peer, reason)) = gone {
             let err = Error::PeerLost { op: req.op, peer, reason };
-            resolve(&self.counters, &req.cell, Err(err));
+            self.settle(&req.cell, Err(err));
             return;
         }
         if matches!(req.kind, WrKind::Recv) {
             self.push_direct(req);
             return;
         }
+        let req = if req.seg.len > self.sched.config().max_message
+            && matches!(req.kind, WrKind::Send { imm: None })
+            && req.batch.is_none()
+        {
+            match self.offer(req) {
+                Some(marker) => marker,
+                None => return,
+            }
+        } else {
+            req
+        };
         let len = req.len();
         let class = req.class.unwrap_or_else(|| self.sched.config().default_class(len));
         let plain = req.batch.is_none();
@@ -318,7 +342,10 @@ impl Reactor {
 
     fn handle(&mut self, cmd: Cmd) {
         match cmd {
-            Cmd::Op(req) => self.accept(req),
+            Cmd::Op(req) => {
+                Counters::add(&self.counters.submitted);
+                self.accept(req)
+            }
             Cmd::SetWeight { tenant, weight } => self.sched.set_weight(tenant, weight),
             Cmd::Register { ptr, len, access, reply } => {
                 Counters::add(&self.counters.registrations);
@@ -355,7 +382,7 @@ impl Reactor {
                 }
                 let _ = reply.send(Ok(opened));
             }
-            Cmd::AddPeer { id, lanes, names, rails, label, reply } => {
+            Cmd::AddPeer { id, lanes, names, rails, label, ctl, reply } => {
                 let res: Result<Vec<(LaneId, PeerAddr, usize)>, TransportError> = lanes
                     .iter()
                     .zip(&names)
@@ -366,8 +393,17 @@ impl Reactor {
                     let lane_ids: Arc<[LaneId]> = lanes.iter().map(|(l, ..)| *l).collect();
                     let msg_lane = lane_ids[..1].into();
                     let bulk_lanes = if lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
-                    let peer =
-                        Peer { id, label, lanes, lane_ids, msg_lane, bulk_lanes, lost: None, inflight: 0 };
+                    let peer = Peer {
+                        id,
+                        label,
+                        lanes,
+                        lane_ids,
+                        msg_lane,
+                        bulk_lanes,
+                        lost: None,
+                        inflight: 0,
+                        ctl,
+                    };
                     self.peers.insert(peer)
                 });
                 if res.is_err() {
@@ -388,6 +424,7 @@ impl Reactor {
                     self.lose_peer(slot, reason);
                 }
             }
+            Cmd::Control { slot, peer_id, msg } => self.on_control(slot, peer_id, msg),
         }
     }
 
@@ -413,20 +450,19 @@ impl Reactor {
             };
             self.complete(id, 0, None, Err(e));
         }
+        let peer = self.peers[slot].label.clone();
+        self.rendezvous_lost(slot, |op| Error::PeerLost { op, peer: peer.clone(), reason: reason.clone() });
     }
 
     /// Fail what a gone peer has queued: unposted receives at once, scheduled ops as soon as
     /// their posted chunks are back.
     fn fail_peer(&mut self, slot: usize, (peer, reason): (String, String)) {
-        let counters = &self.counters;
-        self.direct.retain(|req| {
-            if req.peer != slot {
-                return true;
-            }
+        let (gone, kept) = std::mem::take(&mut self.direct).into_iter().partition(|r| r.peer == slot);
+        self.direct = kept;
+        for req in gone {
             let err = Error::PeerLost { op: req.op, peer: peer.clone(), reason: reason.clone() };
-            resolve(counters, &req.cell, Err(err));
-            false
-        });
+            self.settle(&req.cell, Err(err));
+        }
         let ids: Vec<OpId> = self.sched.ops().collect();
         for id in ids {
             let Some(h) = self.held[id.0].as_mut() else {
@@ -452,9 +488,9 @@ impl Reactor {
             return;
         };
         if done.ok {
-            resolve(&self.counters, &h.req.cell, Ok(Done { len: h.req.len(), imm: None }));
+            self.settle(&h.req.cell, Ok(Done { len: h.req.len(), imm: None }));
         } else if let Some(e) = h.error {
-            resolve(&self.counters, &h.req.cell, Err(e));
+            self.settle(&h.req.cell, Err(e));
         } else {
             // Cancelled: its future is gone; nothing to tell.
             Counters::add(&self.counters.withdrawn);
@@ -524,8 +560,8 @@ impl Reactor {
                 Ok(Posted::Queued) => {
                     Counters::add(&self.counters.posted);
                     self.counters.add_rail_bytes(self.lane_rail.get(c.lane).copied().unwrap_or(0), c.len);
-                    let (cell, peer, op) = (h.req.cell.clone(), h.req.peer, h.req.op);
-                    entry.insert(InFlight { id, cell, peer, op, len: c.len, chunk: Some(c) });
+                    let (cell, peer, op, seg) = (h.req.cell.clone(), h.req.peer, h.req.op, h.req.seg);
+                    entry.insert(InFlight { id, cell, peer, op, len: c.len, chunk: Some(c), seg });
                     if let Some(h) = self.held[c.op.0].as_mut() {
                         h.posted += 1;
                     }
@@ -583,39 +619,42 @@ impl Reactor {
         let p = &self.peers[req.peer];
         if let Some(reason) = &p.lost {
             let err = Error::PeerLost { op: req.op, peer: p.label.clone(), reason: reason.clone() };
-            resolve(&self.counters, &req.cell, Err(err));
+            self.settle(&req.cell, Err(err));
             return Ok(());
         }
         let (lane, addr, _) = p.lanes[0];
         let entry = self.inflight.vacant_entry();
         self.generation += 1;
         let id = (self.generation << 24) | entry.key() as u64;
+        // A receive larger than any message the provider takes posts what it can take: a
+        // larger message comes as a rendezvous marker and is read into the whole buffer.
+        let local = LocalSeg { len: req.seg.len.min(self.provider_max), ..req.seg };
         let wr = WorkRequest {
             id,
             lane,
             peer: addr,
             kind: req.kind,
-            local: std::slice::from_ref(&req.seg),
+            local: std::slice::from_ref(&local),
             more: false,
         };
         match lease::post(self.t.as_mut(), &wr) {
             Ok(Posted::Completed) => {
                 Counters::add(&self.counters.posted);
-                resolve(&self.counters, &req.cell, Ok(Done { len: req.seg.len, imm: None }));
+                self.settle(&req.cell, Ok(Done { len: req.seg.len, imm: None }));
             }
             Ok(Posted::Queued) => {
                 Counters::add(&self.counters.posted);
                 if req.op != OpKind::Recv {
                     self.active += 1;
                 }
-                let (cell, peer, op, len) = (req.cell, req.peer, req.op, req.seg.len);
-                entry.insert(InFlight { id, cell, peer, op, len, chunk: None });
+                let (cell, peer, op, seg) = (req.cell, req.peer, req.op, req.seg);
+                entry.insert(InFlight { id, cell, peer, op, len: seg.len, chunk: None, seg });
                 self.peers[peer].inflight += 1;
             }
             Err(PostError::Again) => return Err(req),
             Err(PostError::Failed(e)) => {
                 let label = &self.peers[req.peer].label;
-                resolve(&self.counters, &req.cell, Err(Error::from_transport(req.op, label, e)));
+                self.settle(&req.cell, Err(Error::from_transport(req.op, label, e)));
             }
         }
         Ok(())
@@ -687,10 +726,16 @@ impl Reactor {
                 }
                 let len = if f.op == OpKind::Recv { len } else { f.len };
                 let res = match err {
+                    // Application sends carry no immediate data: this is a rendezvous marker.
+                    None if f.op == OpKind::Recv && imm.is_some() => {
+                        let token = imm.unwrap_or_default() as u32;
+                        self.marker_arrived(f.peer, token, f.cell, f.seg);
+                        return;
+                    }
                     None => Ok(Done { len, imm }),
                     Some(e) => Err(e),
                 };
-                resolve(&self.counters, &f.cell, res);
+                self.settle(&f.cell, res);
             }
         }
     }
@@ -702,13 +747,13 @@ impl Reactor {
             match cmd {
                 Cmd::Op(req) => {
                     Counters::add(&self.counters.submitted);
-                    resolve(&self.counters, &req.cell, Err(Error::Shutdown { op: req.op }))
+                    self.settle(&req.cell, Err(Error::Shutdown { op: req.op }))
                 }
                 other => self.handle(other),
             }
         }
         for req in std::mem::take(&mut self.direct) {
-            resolve(&self.counters, &req.cell, Err(Error::Shutdown { op: req.op }));
+            self.settle(&req.cell, Err(Error::Shutdown { op: req.op }));
         }
         let ids: Vec<OpId> = self.sched.ops().collect();
         for id in ids {
@@ -742,8 +787,11 @@ impl Reactor {
                         self.finish_op(done);
                     }
                 }
-                None => resolve(&self.counters, &f.cell, Err(err)),
+                None => self.settle(&f.cell, Err(err)),
             }
+        }
+        for slot in self.peers.iter().map(|(k, _)| k).collect::<Vec<_>>() {
+            self.rendezvous_lost(slot, |op| Error::Shutdown { op });
         }
         self.active = 0;
     }

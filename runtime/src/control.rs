@@ -1,0 +1,169 @@
+//! What travels on a peer's control connection once the handshake is done: heartbeats, and the
+//! two halves of a large-message rendezvous. Each message is a kind byte and a fixed or
+//! length-limited body; anything else is a protocol violation and ends the connection (the peer
+//! is then lost), so a misbehaving peer can neither make us allocate without bound nor stall us.
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::remote::RemoteBuf;
+
+const HEARTBEAT: u8 = 0x48;
+const OFFER: u8 = 0x4F;
+const DONE: u8 = 0x44;
+
+/// One control message.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Ctl {
+    /// Nothing to say: the connection is alive.
+    Heartbeat,
+    /// A send above the largest message: the marker message carrying `token` as immediate data
+    /// takes the message's place among the others, and the receiver reads the bytes from `desc`
+    /// (the sender's memory, exposed read-only until the receiver says it is done).
+    Offer {
+        /// Names the send between the two runtimes.
+        token: u32,
+        /// Where the message is.
+        desc: RemoteBuf,
+    },
+    /// The receiver is done with the offer `token`: the sender may have its buffer back.
+    Done {
+        /// The offer's token.
+        token: u32,
+        /// How it went.
+        outcome: Pulled,
+    },
+}
+
+/// How the receiver of an offer dealt with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pulled {
+    /// The whole message is in the receive buffer.
+    Whole,
+    /// The receive buffer (this many bytes) was too small; nothing was read.
+    TooSmall(u64),
+    /// Reading failed; the receive failed with the reason.
+    Failed,
+}
+
+impl Ctl {
+    /// The wire form.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        match self {
+            Ctl::Heartbeat => vec![HEARTBEAT],
+            Ctl::Offer { token, desc } => {
+                let d = desc.to_bytes();
+                let mut out = Vec::with_capacity(7 + d.len());
+                out.push(OFFER);
+                out.extend_from_slice(&token.to_le_bytes());
+                out.extend_from_slice(&(d.len() as u16).to_le_bytes());
+                out.extend_from_slice(&d);
+                out
+            }
+            Ctl::Done { token, outcome } => {
+                let (code, extra) = match outcome {
+                    Pulled::Whole => (0u8, 0u64),
+                    Pulled::TooSmall(n) => (1, *n),
+                    Pulled::Failed => (2, 0),
+                };
+                let mut out = Vec::with_capacity(14);
+                out.push(DONE);
+                out.extend_from_slice(&token.to_le_bytes());
+                out.push(code);
+                out.extend_from_slice(&extra.to_le_bytes());
+                out
+            }
+        }
+    }
+
+    /// Read one message. The outer error is the socket's; the inner one names a protocol
+    /// violation.
+    pub(crate) async fn read<R: AsyncRead + Unpin>(rd: &mut R) -> std::io::Result<Result<Ctl, String>> {
+        let kind = rd.read_u8().await?;
+        Ok(match kind {
+            HEARTBEAT => Ok(Ctl::Heartbeat),
+            OFFER => {
+                let token = rd.read_u32_le().await?;
+                let n = rd.read_u16_le().await? as usize;
+                if n > RemoteBuf::MAX_ENCODED_LEN {
+                    return Ok(Err(format!("an offer of {n} descriptor bytes")));
+                }
+                let mut d = vec![0u8; n];
+                rd.read_exact(&mut d).await?;
+                RemoteBuf::from_bytes(&d)
+                    .map(|desc| Ctl::Offer { token, desc })
+                    .map_err(|e| format!("offer {token}: {e}"))
+            }
+            DONE => {
+                let token = rd.read_u32_le().await?;
+                let code = rd.read_u8().await?;
+                let extra = rd.read_u64_le().await?;
+                match code {
+                    0 => Ok(Ctl::Done { token, outcome: Pulled::Whole }),
+                    1 => Ok(Ctl::Done { token, outcome: Pulled::TooSmall(extra) }),
+                    2 => Ok(Ctl::Done { token, outcome: Pulled::Failed }),
+                    c => Err(format!("done {token} with outcome {c}")),
+                }
+            }
+            k => Err(format!("unknown message kind {k:#x}")),
+        })
+    }
+}
+
+/// Decode `bytes` as a stream of control messages until it ends or a message is malformed:
+/// the fuzz target and the property tests drive the real decoder through this.
+pub(crate) fn decode_all(mut bytes: &[u8]) -> Result<Vec<Ctl>, String> {
+    futures::executor::block_on(async {
+        let mut out = Vec::new();
+        loop {
+            match Ctl::read(&mut bytes).await {
+                Ok(Ok(m)) => out.push(m),
+                Ok(Err(why)) => return Err(why),
+                Err(_) => return Ok(out),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::transport::Access;
+
+    fn offer(token: u32, len: u64, keys: &[u64]) -> Ctl {
+        Ctl::Offer { token, desc: RemoteBuf::new(9, 4096, len, keys, Access::READ) }
+    }
+
+    proptest! {
+        #[test]
+        fn messages_round_trip(
+            token in any::<u32>(),
+            len in 1u64..1 << 40,
+            keys in proptest::collection::vec(any::<u64>(), 1..8),
+            small in any::<u64>(),
+        ) {
+            let msgs = vec![
+                Ctl::Heartbeat,
+                offer(token, len, &keys),
+                Ctl::Done { token, outcome: Pulled::Whole },
+                Ctl::Done { token, outcome: Pulled::TooSmall(small) },
+                Ctl::Done { token, outcome: Pulled::Failed },
+            ];
+            let bytes: Vec<u8> = msgs.iter().flat_map(|m| m.encode()).collect();
+            prop_assert_eq!(decode_all(&bytes), Ok(msgs));
+        }
+
+        #[test]
+        fn any_bytes_decode_or_fail_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_all(&bytes);
+        }
+    }
+
+    #[test]
+    fn an_oversized_offer_is_refused_before_its_body_is_read() {
+        let mut b = vec![OFFER, 1, 0, 0, 0];
+        b.extend_from_slice(&u16::MAX.to_le_bytes());
+        assert!(decode_all(&b).unwrap_err().contains("65535 descriptor bytes"));
+        assert!(decode_all(&[0x00]).unwrap_err().contains("unknown message kind"));
+    }
+}

@@ -1,0 +1,287 @@
+//! Messages above the largest message the provider takes, by rendezvous: the receiver pulls
+//! them. A message cannot be cut into several (each piece would take a receive the application
+//! posted for another message), so the sender exposes its buffer read-only, tells the receiver
+//! where it is on the control connection (an offer), and posts a zero-length marker message
+//! carrying the offer's token as immediate data. The marker takes the message's place among
+//! the others, so the receive it lands in is the one the message would have landed in; that
+//! receive then reads the bytes (split and scheduled as bulk, like any read) and answers `Done`
+//! on the control connection, upon which the sender withdraws the access and completes.
+//!
+//! Application sends never carry immediate data, so a receive completing with one is a marker.
+//! Offer and marker travel separately and arrive in either order. Both sides keep the op's
+//! cell while the rendezvous runs, so a dropped future does not withdraw it half-way: the
+//! exposed buffer stays alive (in the cell) until the access is gone.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{resolve, Reactor};
+use crate::control::{Ctl, Pulled};
+use crate::error::{Error, FailureClass, OpKind, TransportError};
+use crate::op::{Done, OpCell};
+use crate::remote::RemoteBuf;
+use crate::sched::Class;
+use crate::transport::{Access, LocalSeg, WrKind};
+
+use super::cmd::OpReq;
+
+/// Offers a peer may have outstanding before it counts as misbehaving.
+const MAX_OFFERS: usize = 4096;
+
+/// A send of ours the peer is pulling.
+struct Outgoing {
+    slot: usize,
+    cell: Arc<OpCell>,
+    /// The read-only registration of the buffer.
+    mr: u64,
+    len: usize,
+    /// The marker message's completion came (successfully).
+    marked: bool,
+    /// The peer's answer, if it came before the marker's completion.
+    answer: Option<Pulled>,
+}
+
+/// A receive that got a marker and waits for the offer.
+struct Waiting {
+    cell: Arc<OpCell>,
+    seg: LocalSeg,
+}
+
+/// A receive reading an offered message.
+struct Pulling {
+    slot: usize,
+    token: u32,
+    /// Kept so a dropped future does not withdraw the read half-way: the sender waits for an
+    /// answer either way.
+    _cell: Arc<OpCell>,
+}
+
+#[derive(Default)]
+pub(super) struct Rendezvous {
+    next_token: u32,
+    /// Our sends, by token.
+    outgoing: HashMap<u32, Outgoing>,
+    /// Marker sends in the op path, by cell address: their completion is not the send's.
+    markers: HashMap<usize, u32>,
+    /// Offers whose marker has not arrived, by (peer slot, token).
+    offers: HashMap<(usize, u32), RemoteBuf>,
+    /// Receives whose marker arrived before the offer.
+    waiting: HashMap<(usize, u32), Waiting>,
+    /// Reads in progress, by the receive's cell address.
+    pulling: HashMap<usize, Pulling>,
+}
+
+impl Rendezvous {
+    /// Nothing in progress: the op path needs no look-ups.
+    pub(super) fn idle(&self) -> bool {
+        self.markers.is_empty() && self.pulling.is_empty()
+    }
+}
+
+fn key(cell: &Arc<OpCell>) -> usize {
+    Arc::as_ptr(cell) as usize
+}
+
+fn local_error(provider: &str, class: FailureClass, text: String) -> TransportError {
+    TransportError { provider: provider.to_string(), errno: 0, text, class }
+}
+
+impl Reactor {
+    /// Complete an op's cell, unless it belongs to a rendezvous, which takes it from there.
+    pub(super) fn settle(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
+        if self.rndv.idle() {
+            resolve(&self.counters, cell, res);
+            return;
+        }
+        let k = key(cell);
+        if let Some(token) = self.rndv.markers.remove(&k) {
+            self.marker_done(token, res);
+        } else if let Some(p) = self.rndv.pulling.remove(&k) {
+            let outcome = if res.is_ok() { Pulled::Whole } else { Pulled::Failed };
+            self.tell(p.slot, Ctl::Done { token: p.token, outcome });
+            resolve(&self.counters, cell, res.map(|d| Done { len: d.len, imm: None }));
+        } else {
+            resolve(&self.counters, cell, res);
+        }
+    }
+
+    /// A send above the largest message: expose its buffer, offer it, and turn the request into
+    /// its marker. `None` when the send failed (its cell is resolved).
+    pub(super) fn offer(&mut self, mut req: OpReq) -> Option<OpReq> {
+        let len = req.seg.len;
+        let peer = &self.peers[req.peer];
+        let label = peer.label.clone();
+        // SAFETY of the registration (see `lease::register`): the cell, which holds the buffer
+        // once the future is gone, stays in `outgoing` until the deregistration below.
+        let mr = match super::lease::register(self.t.as_mut(), req.seg.ptr, len, Access::READ) {
+            Ok(mr) => mr,
+            Err(e) => {
+                resolve(&self.counters, &req.cell, Err(Error::from_transport(OpKind::Send, &label, e)));
+                return None;
+            }
+        };
+        self.rndv.next_token = self.rndv.next_token.wrapping_add(1);
+        let token = self.rndv.next_token;
+        let keys: Vec<u64> = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).collect();
+        let desc = RemoteBuf::new(0, mr.remote_base, len as u64, &keys, Access::READ);
+        self.tell(req.peer, Ctl::Offer { token, desc });
+        let cell = req.cell.clone();
+        self.rndv.markers.insert(key(&cell), token);
+        let out = Outgoing { slot: req.peer, cell, mr: mr.id, len, marked: false, answer: None };
+        self.rndv.outgoing.insert(token, out);
+        req.class = Some(req.class.unwrap_or_else(|| self.sched.config().default_class(len)));
+        req.kind = WrKind::Send { imm: Some(token as u64) };
+        req.seg.len = 0;
+        Some(req)
+    }
+
+    fn marker_done(&mut self, token: u32, res: Result<Done, Error>) {
+        let Some(out) = self.rndv.outgoing.get_mut(&token) else {
+            return;
+        };
+        match res {
+            Ok(_) => {
+                out.marked = true;
+                if let Some(answer) = out.answer {
+                    self.finish_send(token, Ok(answer));
+                }
+            }
+            Err(e) => self.finish_send(token, Err(e)),
+        }
+    }
+
+    /// The send is over: withdraw the access, then complete it.
+    fn finish_send(&mut self, token: u32, res: Result<Pulled, Error>) {
+        let Some(out) = self.rndv.outgoing.remove(&token) else {
+            return;
+        };
+        self.rndv.markers.remove(&key(&out.cell));
+        if let Err(e) = self.t.deregister(out.mr) {
+            tracing::warn!(token, error = %e, "deregistering an offered buffer failed");
+        }
+        let label = self.peers.get(out.slot).map_or("-", |p| p.label.as_str());
+        let provider = self.t.caps().provider.clone();
+        let res = match res {
+            Ok(Pulled::Whole) => Ok(Done { len: out.len, imm: None }),
+            Ok(Pulled::TooSmall(n)) => Err(Error::Transport {
+                op: OpKind::Send,
+                peer: label.to_string(),
+                source: local_error(
+                    &provider,
+                    FailureClass::Truncated,
+                    format!(
+                        "the peer's {n}-byte receive buffer is too small for the {}-byte message",
+                        out.len
+                    ),
+                ),
+            }),
+            Ok(Pulled::Failed) => Err(Error::Transport {
+                op: OpKind::Send,
+                peer: label.to_string(),
+                source: local_error(
+                    &provider,
+                    FailureClass::Other,
+                    "the peer failed to read the message".into(),
+                ),
+            }),
+            Err(e) => Err(e),
+        };
+        resolve(&self.counters, &out.cell, res);
+    }
+
+    /// A receive completed with immediate data: a marker. Pull the message it stands for.
+    pub(super) fn marker_arrived(&mut self, slot: usize, token: u32, cell: Arc<OpCell>, seg: LocalSeg) {
+        match self.rndv.offers.remove(&(slot, token)) {
+            Some(desc) => self.pull(slot, token, desc, cell, seg),
+            None => {
+                self.rndv.waiting.insert((slot, token), Waiting { cell, seg });
+            }
+        }
+    }
+
+    /// A message on a peer's control connection.
+    pub(super) fn on_control(&mut self, slot: usize, peer_id: u64, msg: Ctl) {
+        if self.peers.get(slot).is_none_or(|p| p.id != peer_id || p.lost.is_some()) {
+            return;
+        }
+        match msg {
+            Ctl::Heartbeat => {}
+            Ctl::Offer { token, desc } => match self.rndv.waiting.remove(&(slot, token)) {
+                Some(w) => self.pull(slot, token, desc, w.cell, w.seg),
+                None if self.rndv.offers.len() >= MAX_OFFERS => {
+                    self.lose_peer(slot, format!("more than {MAX_OFFERS} offers outstanding"));
+                }
+                None => {
+                    self.rndv.offers.insert((slot, token), desc);
+                }
+            },
+            Ctl::Done { token, outcome } => {
+                let Some(out) = self.rndv.outgoing.get_mut(&token).filter(|o| o.slot == slot) else {
+                    tracing::debug!(token, "answer to no offer of ours ignored");
+                    return;
+                };
+                if out.marked {
+                    self.finish_send(token, Ok(outcome));
+                } else {
+                    out.answer = Some(outcome);
+                }
+            }
+        }
+    }
+
+    /// Read an offered message into the receive buffer `seg`, as a bulk read through the
+    /// scheduler; its completion answers the sender and completes the receive.
+    fn pull(&mut self, slot: usize, token: u32, desc: RemoteBuf, cell: Arc<OpCell>, seg: LocalSeg) {
+        let len = desc.len();
+        if len > seg.len as u64 || len == 0 {
+            self.tell(slot, Ctl::Done { token, outcome: Pulled::TooSmall(seg.len as u64) });
+            let p = &self.peers[slot];
+            let text = format!("a {len}-byte message does not fit the {}-byte receive buffer", seg.len);
+            let source = local_error(&self.t.caps().provider, FailureClass::Truncated, text);
+            resolve(
+                &self.counters,
+                &cell,
+                Err(Error::Transport { op: OpKind::Recv, peer: p.label.clone(), source }),
+            );
+            return;
+        }
+        let req = OpReq {
+            peer: slot,
+            peer_id: self.peers[slot].id,
+            op: OpKind::Recv,
+            kind: WrKind::Read { remote_addr: desc.addr(), key: desc.key() },
+            seg: LocalSeg { len: len as usize, ..seg },
+            cell: cell.clone(),
+            tenant: 0,
+            class: Some(Class::Bulk),
+            batch: None,
+            rail_keys: desc.rail_keys(),
+        };
+        self.rndv.pulling.insert(key(&cell), Pulling { slot, token, _cell: cell });
+        self.accept(req);
+    }
+
+    fn tell(&self, slot: usize, msg: Ctl) {
+        if let Some(p) = self.peers.get(slot) {
+            // A closed outbox means the control connection is gone, and with it the peer: its
+            // loss fails what waits on the answer.
+            let _ = p.ctl.send(msg);
+        }
+    }
+
+    /// The peer is gone (its ops have been failed): give back what waits on it.
+    pub(super) fn rendezvous_lost(&mut self, slot: usize, why: impl Fn(OpKind) -> Error) {
+        // A send whose marker is still on its way is finished by the marker's failure.
+        let tokens: Vec<u32> =
+            self.rndv.outgoing.iter().filter(|(_, o)| o.slot == slot && o.marked).map(|(t, _)| *t).collect();
+        for t in tokens {
+            self.finish_send(t, Err(why(OpKind::Send)));
+        }
+        self.rndv.offers.retain(|(s, _), _| *s != slot);
+        let waiting: Vec<(usize, u32)> =
+            self.rndv.waiting.keys().filter(|(s, _)| *s == slot).copied().collect();
+        for k in waiting {
+            let w = self.rndv.waiting.remove(&k).expect("listed");
+            resolve(&self.counters, &w.cell, Err(why(OpKind::Recv)));
+        }
+    }
+}
