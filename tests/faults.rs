@@ -30,6 +30,10 @@ enum Forgery {
     BadKey,
     /// Writes a region after it was revoked.
     Revoked,
+    /// Reads a region exposed write-only (access bits forged).
+    ReadWriteOnly,
+    /// Reads past the end of the exposed region (length forged).
+    ReadPastTheEnd,
 }
 
 /// Try one forgery on a fresh connection: the op must fail and the target's memory must not
@@ -37,7 +41,11 @@ enum Forgery {
 async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
     let (a, b) = (runtime(p), runtime(p));
     let (ab, ba) = pair(&a, &b).await;
-    let access = if matches!(f, Forgery::WriteReadOnly) { Access::READ } else { Access::READ_WRITE };
+    let access = match f {
+        Forgery::WriteReadOnly => Access::READ,
+        Forgery::ReadWriteOnly => Access::WRITE,
+        _ => Access::READ_WRITE,
+    };
     let region = b.expose(b.alloc(8192).unwrap(), access).unwrap();
     let d = share(&ba, &ab, region.descriptor()).await;
     let target = match f {
@@ -48,11 +56,16 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
             forge(d.clone(), None, Some(d.key() ^ 0x5555_5555), None).slice(0..64).unwrap()
         }
         Forgery::Revoked => d.slice(0..64).unwrap(),
+        Forgery::ReadWriteOnly => forge(d, None, None, Some(0b11)).slice(0..64).unwrap(),
+        Forgery::ReadPastTheEnd => forge(d, Some(1 << 30), None, None).slice(8192..8192 + 4096).unwrap(),
     };
     let kept = if matches!(f, Forgery::Revoked) { Some(region.revoke().unwrap()) } else { None };
     let mut src = a.alloc(target.len() as usize).unwrap();
     src.fill(0xAA);
-    let (r, _) = ab.write_remote(src, &target).await;
+    let r = match f {
+        Forgery::ReadWriteOnly | Forgery::ReadPastTheEnd => ab.read_remote(src, &target).await.0,
+        _ => ab.write_remote(src, &target).await.0,
+    };
     let untouched = kept.as_ref().is_none_or(|buf| buf.iter().all(|&x| x == 0));
     drop((ab, ba));
     // The target still serves: a new connection moves bytes.
@@ -66,10 +79,11 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
         return Err(format!("after {f:?}: bytes differ"));
     }
     match r {
-        Err(e) if untouched => {
+        Err(e @ Error::RemoteAccess { .. }) if untouched => {
             eprintln!("{p}: {f:?} refused: {e}");
             Ok(())
         }
+        Err(e) if untouched => Err(format!("{f:?}: refused, but not as a remote access error: {e}")),
         Err(_) => Err(format!("{f:?}: refused, but the revoked region changed")),
         Ok(_) => Err(format!("{f:?}: the write succeeded")),
     }
@@ -77,13 +91,21 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
 
 #[test]
 fn forged_descriptors_are_refused_by_the_provider_and_the_target_keeps_serving() {
-    // tcp;ofi_rxm checks keys, ranges and access at the target (and drops the connection on a
-    // violation, so each attempt gets its own). shm (1.17) does not: it writes the target with
+    // tcp;ofi_rxm checks keys, ranges and access at the target, and drops the connection on a
+    // violation (so each attempt gets its own): the op comes back cancelled, and rdmalane asks
+    // the target's runtime whether it was allowed, to fail it as the remote access error it was. shm (1.17) does not: it writes the target with
     // process_vm_writev at the address given, checking neither key, range nor access, so the
     // same attempts there would corrupt the target's memory. The book's faults table says so.
     bounded(120, async {
         for p in enforcing_providers() {
-            for f in [Forgery::WriteReadOnly, Forgery::PastTheEnd, Forgery::BadKey, Forgery::Revoked] {
+            for f in [
+                Forgery::WriteReadOnly,
+                Forgery::PastTheEnd,
+                Forgery::BadKey,
+                Forgery::Revoked,
+                Forgery::ReadWriteOnly,
+                Forgery::ReadPastTheEnd,
+            ] {
                 attempt(p, f).await.unwrap();
             }
         }

@@ -1,5 +1,5 @@
-//! What travels on a peer's control connection once the handshake is done: heartbeats, and the
-//! two halves of a large-message rendezvous. Each message is a kind byte and a fixed or
+//! What travels on a peer's control connection once the handshake is done: heartbeats, the two
+//! halves of a large-message rendezvous, and questions about refused one-sided ops. Each message is a kind byte and a fixed or
 //! length-limited body; anything else is a protocol violation and ends the connection (the peer
 //! is then lost), so a misbehaving peer can neither make us allocate without bound nor stall us.
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -9,6 +9,8 @@ use crate::remote::RemoteBuf;
 const HEARTBEAT: u8 = 0x48;
 const OFFER: u8 = 0x4F;
 const DONE: u8 = 0x44;
+const CHECK: u8 = 0x43;
+const VERDICT: u8 = 0x56;
 
 /// One control message.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,6 +33,53 @@ pub(crate) enum Ctl {
         /// How it went.
         outcome: Pulled,
     },
+    /// A one-sided op of ours on this peer's memory was cancelled by the provider (tcp;ofi_rxm
+    /// drops the connection on an access fault and reports every pending op as cancelled):
+    /// was it allowed?
+    Check {
+        /// Names the question.
+        token: u32,
+        /// The key the op used.
+        key: u64,
+        /// Its remote address, as the descriptor gave it.
+        addr: u64,
+        /// Bytes it covered.
+        len: u64,
+        /// A write (else a read).
+        write: bool,
+    },
+    /// The answer to `Check` `token`.
+    Verdict {
+        /// The question's token.
+        token: u32,
+        /// What the peer found.
+        verdict: Verdict,
+    },
+}
+
+/// What a peer found when asked whether a one-sided op was allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The key, range and access were valid: the failure was the link's.
+    Allowed,
+    /// No region is exposed under the key (never was, or revoked).
+    UnknownKey,
+    /// The range is outside the region exposed under the key.
+    OutOfRange,
+    /// The region is not exposed for that access (a write to a read-only region).
+    NotPermitted,
+}
+
+impl Verdict {
+    /// Why the peer refused, for the error text; `None` when it did not.
+    pub(crate) fn refusal(self) -> Option<&'static str> {
+        match self {
+            Verdict::Allowed => None,
+            Verdict::UnknownKey => Some("no region is exposed under that key (never, or revoked)"),
+            Verdict::OutOfRange => Some("the range is outside the region exposed under that key"),
+            Verdict::NotPermitted => Some("the region is not exposed for that access"),
+        }
+    }
 }
 
 /// How the receiver of an offer dealt with it.
@@ -71,6 +120,22 @@ impl Ctl {
                 out.extend_from_slice(&extra.to_le_bytes());
                 out
             }
+            Ctl::Check { token, key, addr, len, write } => {
+                let mut out = Vec::with_capacity(30);
+                out.push(CHECK);
+                out.extend_from_slice(&token.to_le_bytes());
+                for v in [key, addr, len] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out.push(u8::from(*write));
+                out
+            }
+            Ctl::Verdict { token, verdict } => {
+                let mut out = vec![VERDICT];
+                out.extend_from_slice(&token.to_le_bytes());
+                out.push(*verdict as u8);
+                out
+            }
         }
     }
 
@@ -101,6 +166,26 @@ impl Ctl {
                     1 => Ok(Ctl::Done { token, outcome: Pulled::TooSmall(extra) }),
                     2 => Ok(Ctl::Done { token, outcome: Pulled::Failed }),
                     c => Err(format!("done {token} with outcome {c}")),
+                }
+            }
+            CHECK => {
+                let token = rd.read_u32_le().await?;
+                let key = rd.read_u64_le().await?;
+                let addr = rd.read_u64_le().await?;
+                let len = rd.read_u64_le().await?;
+                match rd.read_u8().await? {
+                    w @ (0 | 1) => Ok(Ctl::Check { token, key, addr, len, write: w == 1 }),
+                    w => Err(format!("check {token} with access {w}")),
+                }
+            }
+            VERDICT => {
+                let token = rd.read_u32_le().await?;
+                match rd.read_u8().await? {
+                    0 => Ok(Ctl::Verdict { token, verdict: Verdict::Allowed }),
+                    1 => Ok(Ctl::Verdict { token, verdict: Verdict::UnknownKey }),
+                    2 => Ok(Ctl::Verdict { token, verdict: Verdict::OutOfRange }),
+                    3 => Ok(Ctl::Verdict { token, verdict: Verdict::NotPermitted }),
+                    v => Err(format!("verdict {token} of {v}")),
                 }
             }
             k => Err(format!("unknown message kind {k:#x}")),
@@ -148,6 +233,11 @@ mod tests {
                 Ctl::Done { token, outcome: Pulled::Whole },
                 Ctl::Done { token, outcome: Pulled::TooSmall(small) },
                 Ctl::Done { token, outcome: Pulled::Failed },
+                Ctl::Check { token, key: small, addr: len, len: small ^ len, write: token % 2 == 0 },
+                Ctl::Verdict { token, verdict: Verdict::Allowed },
+                Ctl::Verdict { token, verdict: Verdict::UnknownKey },
+                Ctl::Verdict { token, verdict: Verdict::OutOfRange },
+                Ctl::Verdict { token, verdict: Verdict::NotPermitted },
             ];
             let bytes: Vec<u8> = msgs.iter().flat_map(|m| m.encode()).collect();
             prop_assert_eq!(decode_all(&bytes), Ok(msgs));

@@ -441,7 +441,14 @@ impl Transport for FabricTransport {
         if !access.is_remote() && !local {
             return Ok(MemoryRegion { id: NO_MR, desc: 0, key: 0, remote_base: 0, rail_keys: Vec::new() });
         }
-        let mut acs = (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64;
+        // A region peers reach is registered for that alone (local ops use the buffer's own
+        // registration): rxm widens a registration that may send to remote reads, for its own
+        // rendezvous, which would make a write-only region readable.
+        let mut acs = if access.is_remote() {
+            0
+        } else {
+            (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64
+        };
         if access.remote_read {
             acs |= ffi::FI_REMOTE_READ as u64;
         }

@@ -2,6 +2,7 @@
 //! fair-share scheduler what to post, posts it, polls the completion queue in batches and
 //! completes op cells. One thread drives it at a time: its own pinned thread ([`thread`]) or a
 //! caller of `Runtime::block_on` (inline driver).
+mod audit;
 pub(crate) mod cmd;
 mod rendezvous;
 pub(crate) mod thread;
@@ -46,6 +47,8 @@ struct InFlight {
     chunk: Option<Chunk>,
     /// The op's memory (a receive that gets a rendezvous marker reads the message into it).
     seg: LocalSeg,
+    /// What the work request did (where a cancelled one-sided op went, to ask the target).
+    kind: WrKind,
 }
 
 /// An op the scheduler holds, with what the reactor needs to post its chunks.
@@ -125,6 +128,7 @@ pub(crate) struct Reactor {
     /// post at most this much, as larger messages come by rendezvous.
     provider_max: usize,
     rndv: rendezvous::Rendezvous,
+    audit: audit::Audit,
 }
 
 /// Complete an op cell and count the outcome.
@@ -212,6 +216,7 @@ impl Reactor {
             lane_rail: Vec::new(),
             provider_max: t.caps().max_msg_size.max(1),
             rndv: rendezvous::Rendezvous::default(),
+            audit: audit::Audit::default(),
             counters,
             idle,
             t,
@@ -349,9 +354,14 @@ impl Reactor {
             Cmd::SetWeight { tenant, weight } => self.sched.set_weight(tenant, weight),
             Cmd::Register { ptr, len, access, reply } => {
                 Counters::add(&self.counters.registrations);
-                let _ = reply.send(lease::register(self.t.as_mut(), ptr as *mut u8, len, access));
+                let res = lease::register(self.t.as_mut(), ptr as *mut u8, len, access);
+                if let (Ok(mr), true) = (&res, access.is_remote()) {
+                    self.audit.exposed(mr, len, access);
+                }
+                let _ = reply.send(res);
             }
             Cmd::Deregister { id, keep, reply } => {
+                self.audit.withdrawn(id);
                 let res = self.t.deregister(id);
                 if let Err(e) = &res {
                     tracing::warn!(id, error = %e, "deregistration failed");
@@ -452,6 +462,7 @@ impl Reactor {
         }
         let peer = self.peers[slot].label.clone();
         self.rendezvous_lost(slot, |op| Error::PeerLost { op, peer: peer.clone(), reason: reason.clone() });
+        self.audit_lost(slot, Some(&reason));
     }
 
     /// Fail what a gone peer has queued: unposted receives at once, scheduled ops as soon as
@@ -561,7 +572,7 @@ impl Reactor {
                     Counters::add(&self.counters.posted);
                     self.counters.add_rail_bytes(self.lane_rail.get(c.lane).copied().unwrap_or(0), c.len);
                     let (cell, peer, op, seg) = (h.req.cell.clone(), h.req.peer, h.req.op, h.req.seg);
-                    entry.insert(InFlight { id, cell, peer, op, len: c.len, chunk: Some(c), seg });
+                    entry.insert(InFlight { id, cell, peer, op, len: c.len, chunk: Some(c), seg, kind });
                     if let Some(h) = self.held[c.op.0].as_mut() {
                         h.posted += 1;
                     }
@@ -648,7 +659,8 @@ impl Reactor {
                     self.active += 1;
                 }
                 let (cell, peer, op, seg) = (req.cell, req.peer, req.op, req.seg);
-                entry.insert(InFlight { id, cell, peer, op, len: seg.len, chunk: None, seg });
+                let kind = req.kind;
+                entry.insert(InFlight { id, cell, peer, op, len: seg.len, chunk: None, seg, kind });
                 self.peers[peer].inflight += 1;
             }
             Err(PostError::Again) => return Err(req),
@@ -701,6 +713,11 @@ impl Reactor {
             }
             None => Error::from_transport(f.op, &peer.label, e),
         });
+        if let Some(Error::Transport { source, .. }) = &err {
+            if source.class == crate::error::FailureClass::Cancelled {
+                self.question(f.peer, f.op, f.kind, f.len, &f.cell);
+            }
+        }
         match f.chunk {
             Some(c) => {
                 self.active -= 1;
@@ -792,6 +809,7 @@ impl Reactor {
         }
         for slot in self.peers.iter().map(|(k, _)| k).collect::<Vec<_>>() {
             self.rendezvous_lost(slot, |op| Error::Shutdown { op });
+            self.audit_lost(slot, None);
         }
         self.active = 0;
     }

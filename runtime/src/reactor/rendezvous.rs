@@ -88,10 +88,13 @@ fn local_error(provider: &str, class: FailureClass, text: String) -> TransportEr
 impl Reactor {
     /// Complete an op's cell, unless it belongs to a rendezvous, which takes it from there.
     pub(super) fn settle(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
-        if self.rndv.idle() {
+        if self.rndv.idle() && self.audit.idle() {
             resolve(&self.counters, cell, res);
             return;
         }
+        let Some(res) = self.audited(cell, res) else {
+            return;
+        };
         let k = key(cell);
         if let Some(token) = self.rndv.markers.remove(&k) {
             self.marker_done(token, res);
@@ -205,6 +208,7 @@ impl Reactor {
         }
         match msg {
             Ctl::Heartbeat => {}
+            Ctl::Check { .. } | Ctl::Verdict { .. } => self.on_audit(slot, msg),
             Ctl::Offer { token, desc } => match self.rndv.waiting.remove(&(slot, token)) {
                 Some(w) => self.pull(slot, token, desc, w.cell, w.seg),
                 None if self.rndv.offers.len() >= MAX_OFFERS => {
@@ -260,7 +264,7 @@ impl Reactor {
         self.accept(req);
     }
 
-    fn tell(&self, slot: usize, msg: Ctl) {
+    pub(super) fn tell(&self, slot: usize, msg: Ctl) {
         if let Some(p) = self.peers.get(slot) {
             // A closed outbox means the control connection is gone, and with it the peer: its
             // loss fails what waits on the answer.

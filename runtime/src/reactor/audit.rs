@@ -1,0 +1,217 @@
+//! Why a one-sided op was cancelled, asked of its target. tcp;ofi_rxm answers an access fault
+//! (a bad key, a range outside the region, a write to a read-only region) by dropping the
+//! connection, so the faulty op and every other op on it come back cancelled, as after a link
+//! failure. The target's runtime knows what it exposed: the initiator asks it on the control
+//! connection and fails the op as `RemoteAccess` when it was not allowed, or with the
+//! provider's error when it was. Only cancelled one-sided ops are asked about, so the success
+//! path does not change; providers that report access faults themselves (verbs) never ask.
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{resolve, Reactor};
+use crate::control::{Ctl, Verdict};
+use crate::error::{Error, FailureClass, OpKind};
+use crate::op::{Done, OpCell};
+use crate::transport::{Access, MemoryRegion, WrKind};
+
+/// A region peers may reach.
+struct Exposure {
+    base: u64,
+    len: u64,
+    access: Access,
+}
+
+/// An op whose cancellation is being asked about.
+struct Asking {
+    slot: usize,
+    token: u32,
+    /// Held so the cell's address names this op until it is settled.
+    cell: Arc<OpCell>,
+    verdict: Option<Verdict>,
+    /// The op's failure, once the op is over, waiting for the verdict.
+    parked: Option<Error>,
+}
+
+#[derive(Default)]
+pub(super) struct Audit {
+    next_token: u32,
+    /// What this runtime exposed, by key (each rail's).
+    exposed: HashMap<u64, Exposure>,
+    /// The keys of each remote-access registration, by registration id.
+    keys_of: HashMap<u64, Vec<u64>>,
+    /// By the op cell's address.
+    asking: HashMap<usize, Asking>,
+    /// Tokens of the questions out, to the cell's address.
+    by_token: HashMap<u32, usize>,
+}
+
+impl Audit {
+    /// No question out: the op path needs no look-ups.
+    pub(super) fn idle(&self) -> bool {
+        self.asking.is_empty()
+    }
+
+    /// A registration peers may reach, as they will name it.
+    pub(super) fn exposed(&mut self, mr: &MemoryRegion, len: usize, access: Access) {
+        let keys: Vec<u64> = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).collect();
+        for &k in &keys {
+            self.exposed.insert(k, Exposure { base: mr.remote_base, len: len as u64, access });
+        }
+        self.keys_of.insert(mr.id, keys);
+    }
+
+    /// The registration `id` is gone.
+    pub(super) fn withdrawn(&mut self, id: u64) {
+        for k in self.keys_of.remove(&id).unwrap_or_default() {
+            self.exposed.remove(&k);
+        }
+    }
+
+    /// Would an op with this key, range and direction have been allowed?
+    fn judge(&self, key: u64, addr: u64, len: u64, write: bool) -> Verdict {
+        let Some(e) = self.exposed.get(&key) else {
+            return Verdict::UnknownKey;
+        };
+        let inside = addr >= e.base && addr.checked_add(len).is_some_and(|end| end <= e.base + e.len);
+        if !inside {
+            Verdict::OutOfRange
+        } else if (write && !e.access.remote_write) || (!write && !e.access.remote_read) {
+            Verdict::NotPermitted
+        } else {
+            Verdict::Allowed
+        }
+    }
+}
+
+fn key(cell: &Arc<OpCell>) -> usize {
+    Arc::as_ptr(cell) as usize
+}
+
+impl Reactor {
+    /// A one-sided op's work request came back cancelled: ask its target whether it was
+    /// allowed (once per op).
+    pub(super) fn question(&mut self, slot: usize, op: OpKind, kind: WrKind, len: usize, cell: &Arc<OpCell>) {
+        let (key_, addr, write) = match (op, kind) {
+            (OpKind::Write | OpKind::WriteImm, WrKind::Write { remote_addr, key, .. }) => {
+                (key, remote_addr, true)
+            }
+            (OpKind::Read, WrKind::Read { remote_addr, key }) => (key, remote_addr, false),
+            _ => return,
+        };
+        let k = key(cell);
+        if self.audit.asking.contains_key(&k) || self.peers.get(slot).is_none_or(|p| p.lost.is_some()) {
+            return;
+        }
+        self.audit.next_token = self.audit.next_token.wrapping_add(1);
+        let token = self.audit.next_token;
+        self.tell(slot, Ctl::Check { token, key: key_, addr, len: len as u64, write });
+        self.audit.by_token.insert(token, k);
+        let asking = Asking { slot, token, cell: cell.clone(), verdict: None, parked: None };
+        self.audit.asking.insert(k, asking);
+    }
+
+    /// The op's result, unless it waits for a verdict (then `None`).
+    pub(super) fn audited(
+        &mut self,
+        cell: &Arc<OpCell>,
+        res: Result<Done, Error>,
+    ) -> Option<Result<Done, Error>> {
+        let k = key(cell);
+        let Some(a) = self.audit.asking.get_mut(&k) else {
+            return Some(res);
+        };
+        match (res, a.verdict) {
+            (Ok(d), _) => {
+                self.forget(k);
+                Some(Ok(d))
+            }
+            (Err(e), Some(v)) => {
+                self.forget(k);
+                Some(Err(self.judged(e, v)))
+            }
+            (Err(e), None) => {
+                a.parked = Some(e);
+                None
+            }
+        }
+    }
+
+    fn forget(&mut self, k: usize) {
+        if let Some(a) = self.audit.asking.remove(&k) {
+            self.audit.by_token.remove(&a.token);
+        }
+    }
+
+    /// The op's failure in the light of the target's verdict.
+    fn judged(&self, e: Error, v: Verdict) -> Error {
+        let Some(why) = v.refusal() else {
+            return e;
+        };
+        match e {
+            Error::Transport { op, peer, mut source } => {
+                source.text = format!("{}; the peer says {why}", source.text);
+                source.class = FailureClass::RemoteAccess;
+                Error::RemoteAccess { op, peer, source }
+            }
+            Error::Batch { piece, source } => {
+                Error::Batch { piece, source: Box::new(self.judged(*source, v)) }
+            }
+            other => other,
+        }
+    }
+
+    /// A peer asks about an op of its own on our memory, or answers about one of ours.
+    pub(super) fn on_audit(&mut self, slot: usize, msg: Ctl) {
+        match msg {
+            Ctl::Check { token, key, addr, len, write } => {
+                let verdict = self.audit.judge(key, addr, len, write);
+                self.tell(slot, Ctl::Verdict { token, verdict });
+            }
+            Ctl::Verdict { token, verdict } => {
+                let Some(&k) = self.audit.by_token.get(&token) else {
+                    return;
+                };
+                let a = self.audit.asking.get_mut(&k).expect("indexed");
+                if a.slot != slot {
+                    return;
+                }
+                match a.parked.take() {
+                    Some(e) => {
+                        let cell = a.cell.clone();
+                        self.forget(k);
+                        let e = self.judged(e, verdict);
+                        resolve(&self.counters, &cell, Err(e));
+                    }
+                    None => a.verdict = Some(verdict),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// No verdict will come from `slot`: what waits for one fails as the peer's loss (`lost`:
+    /// how it was noticed) or, at shutdown, with the provider's error.
+    pub(super) fn audit_lost(&mut self, slot: usize, lost: Option<&str>) {
+        let ks: Vec<usize> =
+            self.audit.asking.iter().filter(|(_, a)| a.slot == slot).map(|(k, _)| *k).collect();
+        for k in ks {
+            let a = self.audit.asking.get_mut(&k).expect("listed");
+            match a.parked.take() {
+                Some(e) => {
+                    let cell = a.cell.clone();
+                    self.forget(k);
+                    let e = match (lost, self.peers.get(slot)) {
+                        (Some(reason), Some(p)) => Error::PeerLost {
+                            op: e.op(),
+                            peer: p.label.clone(),
+                            reason: format!("{reason}; {e}"),
+                        },
+                        _ => e,
+                    };
+                    resolve(&self.counters, &cell, Err(e));
+                }
+                None => a.verdict = Some(Verdict::Allowed),
+            }
+        }
+    }
+}
