@@ -173,7 +173,8 @@ impl Builder {
     /// Treat `bytes` as the largest message the provider takes, when it is below the
     /// provider's own limit (`RDMALANE_MAX_MESSAGE` when unset here): one-sided ops above it
     /// are split (a write with an immediate value too: its last piece carries the value and
-    /// goes out once the rest has landed); a send above it is refused.
+    /// goes out once the rest has landed); a send above it goes by rendezvous (the receiver
+    /// reads it from the sender's buffer).
     pub fn max_message(mut self, bytes: usize) -> Self {
         self.max_message = Some(bytes);
         self
