@@ -59,14 +59,21 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
         Forgery::ReadWriteOnly => forge(d, None, None, Some(0b11)).slice(0..64).unwrap(),
         Forgery::ReadPastTheEnd => forge(d, Some(1 << 30), None, None).slice(8192..8192 + 4096).unwrap(),
     };
-    let kept = if matches!(f, Forgery::Revoked) { Some(region.revoke().unwrap()) } else { None };
+    let (kept, region) = if matches!(f, Forgery::Revoked) {
+        (Some(region.revoke().unwrap()), None)
+    } else {
+        (None, Some(region))
+    };
     let mut src = a.alloc(target.len() as usize).unwrap();
     src.fill(0xAA);
     let r = match f {
         Forgery::ReadWriteOnly | Forgery::ReadPastTheEnd => ab.read_remote(src, &target).await.0,
         _ => ab.write_remote(src, &target).await.0,
     };
-    let untouched = kept.as_ref().is_none_or(|buf| buf.iter().all(|&x| x == 0));
+    // Neither the revoked buffer nor the exposed region changed (a write past the end would
+    // land beyond it, where the target's own state would break instead).
+    let untouched = kept.as_ref().is_none_or(|buf| buf.iter().all(|&x| x == 0))
+        && region.as_ref().is_none_or(|r| r.as_slice().iter().all(|&x| x == 0));
     drop((ab, ba));
     // The target still serves: a new connection moves bytes.
     let (ab, ba) = pair(&a, &b).await;
@@ -84,7 +91,7 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
             Ok(())
         }
         Err(e) if untouched => Err(format!("{f:?}: refused, but not as a remote access error: {e}")),
-        Err(_) => Err(format!("{f:?}: refused, but the revoked region changed")),
+        Err(_) => Err(format!("{f:?}: refused, but the target's memory changed")),
         Ok(_) => Err(format!("{f:?}: the write succeeded")),
     }
 }
@@ -321,6 +328,41 @@ fn messages_above_the_largest_message_arrive_whole_and_in_their_place() {
                 .await
                 .unwrap_or_else(|_| panic!("{p}: send to a gone peer did not resolve"));
             assert!(r.as_ref().is_err_and(|e| e.is_peer_lost()), "{p}: send to a gone peer: {r:?}");
+        }
+    });
+}
+
+#[test]
+fn shm_checks_one_sided_ops_unless_local_peers_are_trusted() {
+    // By default shm routes one-sided ops through the target, which checks them (the forged
+    // descriptor test above runs that way); trusting local peers takes shm's unchecked fast
+    // path, which must still move bytes exactly.
+    if !rdmalane_conformance::providers().contains(&"shm") {
+        return;
+    }
+    bounded(60, async {
+        let open = |trust: bool| {
+            rdmalane::Runtime::builder()
+                .backend(rdmalane_efa::Libfabric)
+                .provider("shm")
+                .trust_local_peers(trust)
+                .build()
+                .unwrap()
+        };
+        assert!(open(false).caps().silent_refusals, "checked by default");
+        let (a, b) = (open(true), open(true));
+        assert!(!a.caps().silent_refusals, "trusted: the fast path");
+        let (ab, ba) = pair(&a, &b).await;
+        let region = b.expose(b.alloc(1 << 20).unwrap(), Access::READ_WRITE).unwrap();
+        let d = share(&ba, &ab, region.descriptor()).await;
+        for (i, n) in [1usize, 17, 4096, 65_537, 1 << 20].into_iter().enumerate() {
+            let mut src = a.alloc(n).unwrap();
+            src.copy_from_slice(&pattern(n, i as u64));
+            ab.write_remote(src, &d.slice(0..n as u64).unwrap()).await.0.unwrap();
+            assert!(region.as_slice()[..n] == pattern(n, i as u64)[..], "write of {n}");
+            let (r, back) = ab.read_remote(a.alloc(n).unwrap(), &d.slice(0..n as u64).unwrap()).await;
+            r.unwrap();
+            assert!(back[..] == pattern(n, i as u64)[..], "read of {n}");
         }
     });
 }

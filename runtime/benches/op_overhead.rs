@@ -75,6 +75,7 @@ impl Backend for NullBackend {
             tx_depth: 1 << 16,
             rx_depth: 1 << 16,
             wait_fd: false,
+            silent_refusals: false,
             rails: 1,
             rail_numa: vec![None],
         };

@@ -163,6 +163,15 @@ impl Builder {
         self
     }
 
+    /// Trust peers on this host with this process's memory (or `RDMALANE_TRUST_LOCAL_PEERS=1`):
+    /// shm then lets their one-sided ops skip the target's checks of key, range and access,
+    /// about 4x faster for small ones, and a stale or forged descriptor (a revoked region, a
+    /// bug) writes wherever it points. Off by default: every one-sided op is checked.
+    pub fn trust_local_peers(mut self, trust: bool) -> Self {
+        self.config.trust_local_peers = trust;
+        self
+    }
+
     /// Byte cap of the registration cache (`register_shared`): idle registrations beyond it are
     /// dropped, least recently used first. Default 1 GiB, or `RDMALANE_MR_CACHE_BYTES`.
     pub fn mr_cache_bytes(mut self, cap: usize) -> Self {
@@ -210,6 +219,7 @@ impl Builder {
         }
         let core_set = self.core.or_else(|| std::env::var("RDMALANE_CORE").ok().and_then(|s| s.parse().ok()));
         config.no_wait_object = self.driver == Driver::Inline;
+        config.trust_local_peers |= crate::transport::trust_local_peers_env();
         if config.rails == 0 {
             config.rails = std::env::var("RDMALANE_RAILS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
         }

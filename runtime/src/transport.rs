@@ -56,6 +56,10 @@ pub struct Caps {
     pub rx_depth: usize,
     /// Whether the transport can sleep on a file descriptor until completions arrive.
     pub wait_fd: bool,
+    /// The provider drops a one-sided op its target refuses (bad key, range or access) without
+    /// ever completing it (shm): the runtime asks the target about one-sided ops that stay
+    /// silent, and fails those it refused itself.
+    pub silent_refusals: bool,
     /// Rails (NICs, domains) the transport spans; lanes are opened on one each.
     pub rails: usize,
     /// The NUMA node of each rail's NIC, where the host has several and sysfs tells.
@@ -268,4 +272,14 @@ pub struct TransportConfig {
     /// Per-rail local addresses (tcp: one loopback or NIC address per rail). Missing entries
     /// are the backend's choice.
     pub rail_nodes: Vec<String>,
+    /// Peers on this host are trusted with this process's memory: a provider may let their
+    /// one-sided ops skip the target's checks of key, range and access (shm's fast path, about
+    /// 4x faster for small ones), so a stale or forged descriptor reaches wherever it points.
+    pub trust_local_peers: bool,
+}
+
+/// `RDMALANE_TRUST_LOCAL_PEERS=1` (see [`TransportConfig::trust_local_peers`]): read by the
+/// runtime's builder and by backends opened without one (the raw benchmark engine).
+pub fn trust_local_peers_env() -> bool {
+    std::env::var("RDMALANE_TRUST_LOCAL_PEERS").is_ok_and(|v| v == "1")
 }

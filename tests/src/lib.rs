@@ -23,10 +23,10 @@ pub fn rail_providers() -> Vec<&'static str> {
     providers().into_iter().filter(|p| !rdmalane_verbs::is_verbs(p)).collect()
 }
 
-/// The providers that check keys, ranges and access at the target (tcp;ofi_rxm, verbs; shm 1.17
-/// does not: the book's faults table says so).
+/// The providers that check keys, ranges and access at the target: all of them (shm does once
+/// the backend asks it for ordered one-sided ops, which keeps it off its unchecked fast path).
 pub fn enforcing_providers() -> Vec<&'static str> {
-    providers().into_iter().filter(|p| *p != "shm").collect()
+    providers()
 }
 
 /// The provider for tests of one stack's behaviour (faults, handshake, soak): the first of

@@ -92,26 +92,27 @@ impl FabricTransport {
     /// provider needs an address; `wait_fd` asks for a CQ the caller can sleep on.
     pub fn open(provider: Option<&str>, node: Option<&str>, wait_fd: bool) -> Result<FabricTransport> {
         let nodes = [node.map(String::from)];
-        Self::open_rails(provider, &nodes, 1, wait_fd)
+        Self::open_rails(provider, &nodes, 1, wait_fd, rdmalane::transport::trust_local_peers_env())
     }
 
     /// Open `rails` rails of one provider: rail `r` binds to `nodes[r]` where given; otherwise
     /// tcp takes loopback address 127.0.0.(r+1), efa the r-th NIC fi_getinfo lists, and shm a
-    /// domain of its own.
+    /// domain of its own. `trust_local`: see `TransportConfig::trust_local_peers`.
     pub fn open_rails(
         provider: Option<&str>,
         nodes: &[Option<String>],
         rails: usize,
         wait_fd: bool,
+        trust_local: bool,
     ) -> Result<FabricTransport> {
         let node0 = nodes.first().cloned().flatten();
         let (list, prov) = match provider {
-            Some(p) => info::select(p, node0.as_deref())?,
+            Some(p) => info::select(p, node0.as_deref(), trust_local)?,
             None => {
                 let mut last = None;
                 let mut found = None;
                 for p in info::PREFERENCE {
-                    match info::select(p, node0.as_deref()) {
+                    match info::select(p, node0.as_deref(), trust_local) {
                         Ok(v) => {
                             found = Some(v);
                             break;
@@ -135,13 +136,20 @@ impl FabricTransport {
                 None if prov.starts_with("tcp") => Some(format!("127.0.0.{}", r + 1)),
                 None => None,
             };
-            let (list, _) = info::select(&prov, node.as_deref())?;
+            let (list, _) = info::select(&prov, node.as_deref(), trust_local)?;
             infos.push(list);
         }
-        Self::open_info(infos, &prov, wait_fd)
+        Self::open_info(infos, &prov, wait_fd, trust_local)
     }
 
-    fn open_info(infos: Vec<InfoList>, prov: &str, wait_fd: bool) -> Result<FabricTransport> {
+    fn open_info(
+        infos: Vec<InfoList>,
+        prov: &str,
+        wait_fd: bool,
+        trust_local: bool,
+    ) -> Result<FabricTransport> {
+        // shm checks one-sided ops at the target unless local peers are trusted (`info`).
+        let checked_shm = prov == "shm" && !trust_local;
         let nrails = infos.len();
         let mut t = FabricTransport {
             rails: Vec::with_capacity(nrails),
@@ -156,6 +164,7 @@ impl FabricTransport {
                 tx_depth: 0,
                 rx_depth: 0,
                 wait_fd: false,
+                silent_refusals: checked_shm,
                 rails: nrails,
                 rail_numa: Vec::new(),
             },
@@ -206,9 +215,10 @@ impl FabricTransport {
                     if dom.mr_key_size > 0 && dom.mr_key_size < 8 {
                         t.key_mask = (1u64 << (8 * dom.mr_key_size)) - 1;
                     }
-                    // tcp;ofi_rxm completes plain writes when they leave; only with
-                    // FI_DELIVERY_COMPLETE is the data at the target. shm and efa place data first.
-                    t.delivery_complete = !(prov == "shm" || prov == "efa");
+                    // tcp;ofi_rxm completes plain writes when they leave, and so does shm on
+                    // its checked path (see `info::getinfo`); only with FI_DELIVERY_COMPLETE is
+                    // the data at the target. efa, and shm's fast path, place data first.
+                    t.delivery_complete = !(prov == "efa" || (prov == "shm" && !checked_shm));
                 }
                 t.caps.rail_numa.push(numa_of(i));
                 check(ffi::fi_fabric(i.fabric_attr, &mut rail.fabric, ptr::null_mut()), prov, "fi_fabric")

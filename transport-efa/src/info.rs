@@ -36,7 +36,8 @@ impl Drop for InfoList {
 }
 
 /// fi_getinfo for an RDM endpoint with RMA and directed receives on `prov`.
-pub(crate) fn getinfo(prov: &str, node: Option<&str>) -> Result<InfoList, i32> {
+/// `trust_local`: let shm take its fast, unchecked path for one-sided ops.
+pub(crate) fn getinfo(prov: &str, node: Option<&str>, trust_local: bool) -> Result<InfoList, i32> {
     // SAFETY: fi_allocinfo returns a zeroed info with its attr structs allocated, or null.
     let hints = InfoList(unsafe { ffi::fi_allocinfo() });
     assert!(!hints.0.is_null(), "fi_allocinfo: out of memory");
@@ -57,6 +58,14 @@ pub(crate) fn getinfo(prov: &str, node: Option<&str>) -> Result<InfoList, i32> {
             | ffi::FI_MR_PROV_KEY
             | ffi::FI_MR_ENDPOINT) as i32;
         (*h.domain_attr).threading = ffi::fi_threading_FI_THREAD_DOMAIN;
+        if prov == "shm" && !trust_local {
+            // Without ordering asked for, shm takes a "fast" path for one-sided ops: the
+            // initiator reads or writes the target's memory itself (process_vm_readv/writev)
+            // at the address it names, checking neither key, nor range, nor access. Asking for
+            // ordering routes every one-sided op through the target, which checks all three.
+            (*h.tx_attr).msg_order =
+                (ffi::FI_ORDER_RAR | ffi::FI_ORDER_RAW | ffi::FI_ORDER_WAR | ffi::FI_ORDER_WAW) as u64;
+        }
         (*h.fabric_attr).prov_name = libc::strdup(prov_c.as_ptr());
     }
     let node_c = node.map(|n| CString::new(n).map_err(|_| -(ffi::FI_EINVAL as i32))).transpose()?;
@@ -104,11 +113,11 @@ pub(crate) fn available() -> String {
 }
 
 /// fi_getinfo for the named provider, or a typed error naming what exists instead.
-pub(crate) fn select(requested: &str, node: Option<&str>) -> Result<(InfoList, String)> {
+pub(crate) fn select(requested: &str, node: Option<&str>, trust_local: bool) -> Result<(InfoList, String)> {
     let prov = provider_string(requested);
     // tcp binds to an address; on one host, loopback is the one that always works.
     let node = node.or(if prov.starts_with("tcp") { Some("127.0.0.1") } else { None });
-    match getinfo(&prov, node) {
+    match getinfo(&prov, node, trust_local) {
         Ok(list) if !list.0.is_null() => Ok((list, prov)),
         Ok(_) | Err(_) => Err(Error::ProviderUnavailable { requested: prov, found: available() }),
     }

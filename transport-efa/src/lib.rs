@@ -35,8 +35,13 @@ impl Backend for Libfabric {
         let nodes: Vec<Option<String>> = (0..rails)
             .map(|r| config.rail_nodes.get(r).cloned().or(if r == 0 { config.node.clone() } else { None }))
             .collect();
-        let t =
-            FabricTransport::open_rails(config.provider.as_deref(), &nodes, rails, !config.no_wait_object)?;
+        let t = FabricTransport::open_rails(
+            config.provider.as_deref(),
+            &nodes,
+            rails,
+            !config.no_wait_object,
+            config.trust_local_peers,
+        )?;
         Ok(Box::new(t))
     }
 

@@ -108,6 +108,7 @@ impl VerbsTransport {
                 tx_depth: depth as usize,
                 rx_depth: depth as usize,
                 wait_fd: false,
+                silent_refusals: false,
                 rails: 1,
                 rail_numa: vec![rdmalane::topology::device_numa_node(&dev.name)],
             },

@@ -5,12 +5,17 @@
 //! connection and fails the op as `RemoteAccess` when it was not allowed, or with the
 //! provider's error when it was. Only cancelled one-sided ops are asked about, so the success
 //! path does not change; providers that report access faults themselves (verbs) never ask.
+//!
+//! shm checks at the target too, and drops a refused op without ever completing it. On such a
+//! transport (`Caps::silent_refusals`) one-sided ops still in flight a second after they were
+//! posted are asked about as well, and those the target refused are failed here.
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{resolve, Reactor};
 use crate::control::{Ctl, Verdict};
-use crate::error::{Error, FailureClass, OpKind};
+use crate::error::{Error, FailureClass, OpKind, TransportError};
 use crate::op::{Done, OpCell};
 use crate::transport::{Access, MemoryRegion, WrKind};
 
@@ -32,9 +37,18 @@ struct Asking {
     parked: Option<Error>,
 }
 
+/// How long a one-sided op may stay silent before its target is asked about it.
+const SILENT_AFTER: Duration = Duration::from_secs(1);
+
+/// The longest nap of an idle reactor whose memory peers reach through the target's checks:
+/// its progress is what serves their one-sided ops.
+const SERVING_NAP: Duration = Duration::from_micros(500);
+
 #[derive(Default)]
 pub(super) struct Audit {
     next_token: u32,
+    /// When in-flight ops were last looked at, and the first request generation posted since.
+    swept: Option<(Instant, u64)>,
     /// What this runtime exposed, by key (each rail's).
     exposed: HashMap<u64, Exposure>,
     /// The keys of each remote-access registration, by registration id.
@@ -160,6 +174,52 @@ impl Reactor {
         }
     }
 
+    /// A bound on the idle reactor's naps: where one-sided ops are checked (and so served) by
+    /// the target's progress, while this runtime exposes memory, peers' ops must not wait out
+    /// a long nap.
+    pub(crate) fn longest_nap(&self) -> Option<Duration> {
+        (self.silent_refusals && !self.audit.exposed.is_empty()).then_some(SERVING_NAP)
+    }
+
+    /// On a transport whose refusals are silent: ask about the one-sided ops that were in flight
+    /// at the previous look already (at least `SILENT_AFTER` ago).
+    pub(super) fn sweep_silent(&mut self) {
+        let now = Instant::now();
+        let since = match self.audit.swept {
+            Some((at, _)) if now.duration_since(at) < SILENT_AFTER => return,
+            Some((_, generation)) => generation,
+            None => 0,
+        };
+        self.audit.swept = Some((now, self.generation + 1));
+        let silent: Vec<_> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| {
+                f.id >> 24 < since && matches!(f.op, OpKind::Write | OpKind::WriteImm | OpKind::Read)
+            })
+            .map(|(_, f)| (f.peer, f.op, f.kind, f.len, f.cell.clone()))
+            .collect();
+        for (slot, op, kind, len, cell) in silent {
+            self.question(slot, op, kind, len, &cell);
+        }
+    }
+
+    /// The target refused an op the provider will never complete: complete its requests here.
+    /// Nothing reaches their memory any more, as the target dropped them.
+    fn fail_silent(&mut self, cell: &Arc<OpCell>) {
+        let ids: Vec<u64> =
+            self.inflight.iter().filter(|(_, f)| Arc::ptr_eq(&f.cell, cell)).map(|(_, f)| f.id).collect();
+        for id in ids {
+            let e = TransportError {
+                provider: self.t.caps().provider.clone(),
+                errno: 0,
+                text: "dropped by the provider without a completion".into(),
+                class: FailureClass::Cancelled,
+            };
+            self.complete(id, 0, None, Err(e));
+        }
+    }
+
     /// A peer asks about an op of its own on our memory, or answers about one of ours.
     pub(super) fn on_audit(&mut self, slot: usize, msg: Ctl) {
         match msg {
@@ -182,7 +242,13 @@ impl Reactor {
                         let e = self.judged(e, verdict);
                         resolve(&self.counters, &cell, Err(e));
                     }
-                    None => a.verdict = Some(verdict),
+                    None => {
+                        a.verdict = Some(verdict);
+                        if verdict.refusal().is_some() && self.t.caps().silent_refusals {
+                            let cell = a.cell.clone();
+                            self.fail_silent(&cell);
+                        }
+                    }
                 }
             }
             _ => {}

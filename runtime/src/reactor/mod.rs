@@ -129,6 +129,10 @@ pub(crate) struct Reactor {
     provider_max: usize,
     rndv: rendezvous::Rendezvous,
     audit: audit::Audit,
+    /// Turns taken, to look at the clock only now and then.
+    turns: u32,
+    /// `Caps::silent_refusals`.
+    silent_refusals: bool,
 }
 
 /// Complete an op cell and count the outcome.
@@ -217,6 +221,8 @@ impl Reactor {
             provider_max: t.caps().max_msg_size.max(1),
             rndv: rendezvous::Rendezvous::default(),
             audit: audit::Audit::default(),
+            turns: 0,
+            silent_refusals: t.caps().silent_refusals,
             counters,
             idle,
             t,
@@ -231,6 +237,10 @@ impl Reactor {
         // Most turns of a spinning driver find nothing to post: skip the scheduler's round then.
         if !self.direct.is_empty() || !self.sched.is_empty() {
             work |= self.post();
+        }
+        self.turns = self.turns.wrapping_add(1);
+        if self.silent_refusals && self.turns.is_multiple_of(1024) && self.active > 0 {
+            self.sweep_silent();
         }
         work
     }

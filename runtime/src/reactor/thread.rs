@@ -71,8 +71,9 @@ pub(crate) fn spawn(
             // notifies, or its command is already in the queue for this turn.
             idle.sleeping.store(true, Ordering::SeqCst);
             if !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
-                reactor.transport_mut().wait(nap.min(policy.max_sleep));
-                nap = (nap * 2).min(policy.max_sleep);
+                let longest = reactor.longest_nap().unwrap_or(policy.max_sleep).min(policy.max_sleep);
+                reactor.transport_mut().wait(nap.min(longest));
+                nap = (nap * 2).min(longest);
             }
             idle.sleeping.store(false, Ordering::SeqCst);
             // Check again right away, but start the spin window only when something happened.
