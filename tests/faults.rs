@@ -366,3 +366,24 @@ fn shm_checks_one_sided_ops_unless_local_peers_are_trusted() {
         }
     });
 }
+
+#[test]
+fn keys_rdmalane_chooses_are_random_not_counters() {
+    // tcp;ofi_rxm and shm take the keys their user asks for (no FI_MR_PROV_KEY): rdmalane draws
+    // them at random, so a peer cannot guess the key of a region it was not given. (verbs and
+    // efa hand out provider keys.)
+    bounded(60, async {
+        for p in rdmalane_conformance::providers().into_iter().filter(|p| !rdmalane_verbs::is_verbs(p)) {
+            let rt = runtime(p);
+            let regions: Vec<_> =
+                (0..64).map(|_| rt.expose(rt.alloc(4096).unwrap(), Access::READ).unwrap()).collect();
+            let mut keys: Vec<u64> = regions.iter().map(|r| r.descriptor().key()).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            assert_eq!(keys.len(), 64, "{p}: keys repeat");
+            // 64 random 64-bit keys: the closest two are ~2^52 apart; counters are 1 apart.
+            let closest = keys.windows(2).map(|w| w[1] - w[0]).min().unwrap();
+            assert!(closest > 1 << 32, "{p}: keys {closest} apart look like a counter");
+        }
+    });
+}
