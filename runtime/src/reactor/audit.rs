@@ -42,7 +42,7 @@ const SILENT_AFTER: Duration = Duration::from_secs(1);
 
 /// The longest nap of an idle reactor whose memory peers reach through the target's checks:
 /// its progress is what serves their one-sided ops.
-const SERVING_NAP: Duration = Duration::from_micros(500);
+const SERVING_NAP: Duration = Duration::from_millis(1);
 
 #[derive(Default)]
 pub(super) struct Audit {
@@ -175,10 +175,11 @@ impl Reactor {
     }
 
     /// A bound on the idle reactor's naps: where one-sided ops are checked (and so served) by
-    /// the target's progress, while this runtime exposes memory, peers' ops must not wait out
-    /// a long nap.
+    /// the target's progress, while this runtime exposes memory (regions, or a large message a
+    /// peer is reading), peers' ops must not wait out a long nap.
     pub(crate) fn longest_nap(&self) -> Option<Duration> {
-        (self.silent_refusals && !self.audit.exposed.is_empty()).then_some(SERVING_NAP)
+        (self.silent_refusals && (!self.audit.exposed.is_empty() || self.rendezvous_open()))
+            .then_some(SERVING_NAP)
     }
 
     /// On a transport whose refusals are silent: ask about the one-sided ops that were in flight

@@ -86,6 +86,11 @@ fn local_error(provider: &str, class: FailureClass, text: String) -> TransportEr
 }
 
 impl Reactor {
+    /// A send of ours is being read by its peer.
+    pub(super) fn rendezvous_open(&self) -> bool {
+        !self.rndv.outgoing.is_empty()
+    }
+
     /// Complete an op's cell, unless it belongs to a rendezvous, which takes it from there.
     pub(super) fn settle(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
         if self.rndv.idle() && self.audit.idle() {
