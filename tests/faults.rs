@@ -312,11 +312,17 @@ fn messages_above_the_largest_message_arrive_whole_and_in_their_place() {
             let (r, buf) = small.await;
             assert!(truncated(&r), "{p}: small receive: {r:?}");
             assert!(buf.iter().all(|&x| x == 0), "{p}: bytes read into a receive that failed");
-            // A send whose future is dropped once posted still arrives whole.
+            // A send whose future is dropped once its marker is posted still arrives whole
+            // (dropped before the reactor took it, it would be withdrawn, as any op).
             let next = ba.recv(b.alloc(50_000).unwrap()).start();
             let mut m = a.alloc(50_000).unwrap();
             m.copy_from_slice(&pattern(50_000, 9));
-            drop(ab.send(m).start());
+            let posted = a.stats().posted;
+            let send = ab.send(m).start();
+            while a.stats().posted == posted {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            drop(send);
             let (r, got) = next.await;
             assert_eq!(r.unwrap_or_else(|e| panic!("{p}: after a dropped send: {e}")), 50_000, "{p}");
             assert!(got[..] == pattern(50_000, 9)[..], "{p}: dropped send's bytes differ");

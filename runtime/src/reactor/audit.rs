@@ -8,7 +8,13 @@
 //!
 //! shm checks at the target too, and drops a refused op without ever completing it. On such a
 //! transport (`Caps::silent_refusals`) one-sided ops still in flight a second after they were
-//! posted are asked about as well, and those the target refused are failed here.
+//! posted are asked about as well. A refused one is then failed by losing the peer: closing its
+//! lanes is what makes sure the provider touches the op's memory no more (as on tcp, whose
+//! provider drops the connection itself).
+//!
+//! Answers are rationed: a peer may ask `MAX_CHECKS_PER_SEC` questions a second and have
+//! `MAX_REFUSED` answered with a refusal before it is lost, so it can neither probe for keys
+//! nor fill our outbox.
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +36,8 @@ struct Exposure {
 struct Asking {
     slot: usize,
     token: u32,
+    /// The request asked about.
+    id: u64,
     /// Held so the cell's address names this op until it is settled.
     cell: Arc<OpCell>,
     verdict: Option<Verdict>,
@@ -39,6 +47,12 @@ struct Asking {
 
 /// How long a one-sided op may stay silent before its target is asked about it.
 const SILENT_AFTER: Duration = Duration::from_secs(1);
+
+/// Questions a peer may ask per second.
+const MAX_CHECKS_PER_SEC: u32 = 1024;
+
+/// Refusals a peer may be answered before it counts as probing.
+const MAX_REFUSED: u32 = 64;
 
 /// The longest nap of an idle reactor whose memory peers reach through the target's checks:
 /// its progress is what serves their one-sided ops.
@@ -104,12 +118,21 @@ fn key(cell: &Arc<OpCell>) -> usize {
 impl Reactor {
     /// A one-sided op's work request came back cancelled: ask its target whether it was
     /// allowed (once per op).
-    pub(super) fn question(&mut self, slot: usize, op: OpKind, kind: WrKind, len: usize, cell: &Arc<OpCell>) {
+    pub(super) fn question(
+        &mut self,
+        id: u64,
+        slot: usize,
+        op: OpKind,
+        kind: WrKind,
+        len: usize,
+        cell: &Arc<OpCell>,
+    ) {
         let (key_, addr, write) = match (op, kind) {
             (OpKind::Write | OpKind::WriteImm, WrKind::Write { remote_addr, key, .. }) => {
                 (key, remote_addr, true)
             }
-            (OpKind::Read, WrKind::Read { remote_addr, key }) => (key, remote_addr, false),
+            // A read of ours, or a receive reading a large message (rendezvous).
+            (OpKind::Read | OpKind::Recv, WrKind::Read { remote_addr, key }) => (key, remote_addr, false),
             _ => return,
         };
         let k = key(cell);
@@ -120,7 +143,7 @@ impl Reactor {
         let token = self.audit.next_token;
         self.tell(slot, Ctl::Check { token, key: key_, addr, len: len as u64, write });
         self.audit.by_token.insert(token, k);
-        let asking = Asking { slot, token, cell: cell.clone(), verdict: None, parked: None };
+        let asking = Asking { slot, token, id, cell: cell.clone(), verdict: None, parked: None };
         self.audit.asking.insert(k, asking);
     }
 
@@ -167,6 +190,16 @@ impl Reactor {
                 source.class = FailureClass::RemoteAccess;
                 Error::RemoteAccess { op, peer, source }
             }
+            // Lost because of the refusal (`fail_silent`), or right after it.
+            Error::PeerLost { op, peer, .. } => {
+                let source = TransportError {
+                    provider: self.t.caps().provider.clone(),
+                    errno: 0,
+                    text: format!("the peer says {why} (the connection is closed)"),
+                    class: FailureClass::RemoteAccess,
+                };
+                Error::RemoteAccess { op, peer, source }
+            }
             Error::Batch { piece, source } => {
                 Error::Batch { piece, source: Box::new(self.judged(*source, v)) }
             }
@@ -196,28 +229,39 @@ impl Reactor {
             .inflight
             .iter()
             .filter(|(_, f)| {
-                f.id >> 24 < since && matches!(f.op, OpKind::Write | OpKind::WriteImm | OpKind::Read)
+                f.id >> 24 < since && matches!(f.kind, WrKind::Write { .. } | WrKind::Read { .. })
             })
-            .map(|(_, f)| (f.peer, f.op, f.kind, f.len, f.cell.clone()))
+            .map(|(_, f)| (f.id, f.peer, f.op, f.kind, f.len, f.cell.clone()))
             .collect();
-        for (slot, op, kind, len, cell) in silent {
-            self.question(slot, op, kind, len, &cell);
+        for (id, slot, op, kind, len, cell) in silent {
+            self.question(id, slot, op, kind, len, &cell);
         }
     }
 
-    /// The target refused an op the provider will never complete: complete its requests here.
-    /// Nothing reaches their memory any more, as the target dropped them.
-    fn fail_silent(&mut self, cell: &Arc<OpCell>) {
-        let ids: Vec<u64> =
-            self.inflight.iter().filter(|(_, f)| Arc::ptr_eq(&f.cell, cell)).map(|(_, f)| f.id).collect();
-        for id in ids {
-            let e = TransportError {
-                provider: self.t.caps().provider.clone(),
-                errno: 0,
-                text: "dropped by the provider without a completion".into(),
-                class: FailureClass::Cancelled,
+    /// The target refused an op the provider will never complete. Its requests may still be
+    /// queued in the provider, so only closing the peer's lanes makes sure nothing touches
+    /// their memory: the peer is lost, and the refused op fails as `RemoteAccess`.
+    fn fail_silent(&mut self, slot: usize, id: u64, why: &str) {
+        // The refused request's own failure first, so a batch names its piece (the peer's loss
+        // would otherwise be the op's first error).
+        let f = self.inflight.get((id & crate::transport::WR_SLOT_MASK) as usize).filter(|f| f.id == id);
+        if let Some(c) = f.and_then(|f| f.chunk) {
+            let e = Error::Transport {
+                op: f.map_or(OpKind::Write, |f| f.op),
+                peer: self.peers.get(slot).map_or_else(String::new, |p| p.label.clone()),
+                source: TransportError {
+                    provider: self.t.caps().provider.clone(),
+                    errno: 0,
+                    text: "dropped by the provider without a completion".into(),
+                    class: FailureClass::Cancelled,
+                },
             };
-            self.complete(id, 0, None, Err(e));
+            if let Some(h) = self.held[c.op.0].as_mut() {
+                super::note_chunk_error(h, c.offset, e);
+            }
+        }
+        if self.peers.get(slot).is_some_and(|p| p.lost.is_none()) {
+            self.lose_peer(slot, format!("it refused a one-sided op of ours ({why})"));
         }
     }
 
@@ -225,7 +269,24 @@ impl Reactor {
     pub(super) fn on_audit(&mut self, slot: usize, msg: Ctl) {
         match msg {
             Ctl::Check { token, key, addr, len, write } => {
+                let Some(p) = self.peers.get_mut(slot) else {
+                    return;
+                };
+                let now = Instant::now();
+                if now.duration_since(p.checks.0) >= Duration::from_secs(1) {
+                    p.checks = (now, 0);
+                }
+                p.checks.1 += 1;
                 let verdict = self.audit.judge(key, addr, len, write);
+                p.refused += u32::from(verdict.refusal().is_some());
+                if p.checks.1 > MAX_CHECKS_PER_SEC || p.refused > MAX_REFUSED {
+                    let why = format!(
+                        "it asked about our memory more than {MAX_CHECKS_PER_SEC} times a second or \
+                         was refused more than {MAX_REFUSED} times"
+                    );
+                    self.lose_peer(slot, why);
+                    return;
+                }
                 self.tell(slot, Ctl::Verdict { token, verdict });
             }
             Ctl::Verdict { token, verdict } => {
@@ -243,13 +304,17 @@ impl Reactor {
                         let e = self.judged(e, verdict);
                         resolve(&self.counters, &cell, Err(e));
                     }
-                    None => {
-                        a.verdict = Some(verdict);
-                        if verdict.refusal().is_some() && self.t.caps().silent_refusals {
-                            let cell = a.cell.clone();
-                            self.fail_silent(&cell);
+                    None if self.silent_refusals => match verdict.refusal() {
+                        Some(why) => {
+                            a.verdict = Some(verdict);
+                            let id = a.id;
+                            self.fail_silent(slot, id, why);
                         }
-                    }
+                        // Allowed, and still silent: forget the question, so that a later
+                        // sweep asks again (another of its requests may be the refused one).
+                        None => self.forget(k),
+                    },
+                    None => a.verdict = Some(verdict),
                 }
             }
             _ => {}

@@ -78,6 +78,10 @@ struct Peer {
     inflight: usize,
     /// The peer's control connection.
     ctl: UnboundedSender<Ctl>,
+    /// Questions about our memory this peer asked in the current second, and when it began.
+    checks: (Instant, u32),
+    /// Its questions we answered with a refusal.
+    refused: u32,
 }
 
 impl Peer {
@@ -133,6 +137,8 @@ pub(crate) struct Reactor {
     turns: u32,
     /// `Caps::silent_refusals`.
     silent_refusals: bool,
+    /// Shutting down: nothing new is started.
+    closing: bool,
 }
 
 /// Complete an op cell and count the outcome.
@@ -223,6 +229,7 @@ impl Reactor {
             audit: audit::Audit::default(),
             turns: 0,
             silent_refusals: t.caps().silent_refusals,
+            closing: false,
             counters,
             idle,
             t,
@@ -423,6 +430,8 @@ impl Reactor {
                         lost: None,
                         inflight: 0,
                         ctl,
+                        checks: (Instant::now(), 0),
+                        refused: 0,
                     };
                     self.peers.insert(peer)
                 });
@@ -453,12 +462,14 @@ impl Reactor {
     fn lose_peer(&mut self, slot: usize, reason: String) {
         let label = self.peers[slot].label.clone();
         self.fail_peer(slot, (label.clone(), reason.clone()));
+        // Lost before reaping: what the reap would start for this peer (a rendezvous read)
+        // fails at once instead of being queued behind the failure.
+        self.peers[slot].lost = Some(reason.clone());
         while self.reap() {}
         let lanes = std::mem::take(&mut self.peers[slot].lanes);
         for (lane, ..) in &lanes {
             self.t.close_lane(*lane);
         }
-        self.peers[slot].lost = Some(reason.clone());
         let ids: Vec<usize> = self.inflight.iter().filter(|(_, f)| f.peer == slot).map(|(k, _)| k).collect();
         for k in ids {
             let id = self.inflight[k].id;
@@ -725,7 +736,7 @@ impl Reactor {
         });
         if let Some(Error::Transport { source, .. }) = &err {
             if source.class == crate::error::FailureClass::Cancelled {
-                self.question(f.peer, f.op, f.kind, f.len, &f.cell);
+                self.question(f.id, f.peer, f.op, f.kind, f.len, &f.cell);
             }
         }
         match f.chunk {
@@ -770,6 +781,7 @@ impl Reactor {
     /// Fail everything queued, wait (bounded) for posted ops, then close every lane (after
     /// which no NIC touches a posted buffer) and fail what never completed.
     pub(crate) fn shutdown(&mut self, limit: Duration) {
+        self.closing = true;
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
                 Cmd::Op(req) => {

@@ -24,7 +24,7 @@ use crate::transport::{Access, LocalSeg, WrKind};
 
 use super::cmd::OpReq;
 
-/// Offers a peer may have outstanding before it counts as misbehaving.
+/// Offers one peer may have outstanding before it counts as misbehaving.
 const MAX_OFFERS: usize = 4096;
 
 /// A send of ours the peer is pulling.
@@ -115,6 +115,11 @@ impl Reactor {
     /// A send above the largest message: expose its buffer, offer it, and turn the request into
     /// its marker. `None` when the send failed (its cell is resolved).
     pub(super) fn offer(&mut self, mut req: OpReq) -> Option<OpReq> {
+        if Arc::strong_count(&req.cell) == 1 {
+            // Its future is gone and nothing was posted: withdraw it, as any op.
+            crate::stats::Counters::add(&self.counters.withdrawn);
+            return None;
+        }
         let len = req.seg.len;
         let peer = &self.peers[req.peer];
         let label = peer.label.clone();
@@ -131,6 +136,9 @@ impl Reactor {
         let token = self.rndv.next_token;
         let keys: Vec<u64> = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).collect();
         let desc = RemoteBuf::new(0, mr.remote_base, len as u64, &keys, Access::READ);
+        // Known to the audit like any exposure, so the peer's questions about its reads of it
+        // get true answers.
+        self.audit.exposed(&mr, len, Access::READ);
         self.tell(req.peer, Ctl::Offer { token, desc });
         let cell = req.cell.clone();
         self.rndv.markers.insert(key(&cell), token);
@@ -163,6 +171,7 @@ impl Reactor {
             return;
         };
         self.rndv.markers.remove(&key(&out.cell));
+        self.audit.withdrawn(out.mr);
         if let Err(e) = self.t.deregister(out.mr) {
             tracing::warn!(token, error = %e, "deregistering an offered buffer failed");
         }
@@ -216,7 +225,7 @@ impl Reactor {
             Ctl::Check { .. } | Ctl::Verdict { .. } => self.on_audit(slot, msg),
             Ctl::Offer { token, desc } => match self.rndv.waiting.remove(&(slot, token)) {
                 Some(w) => self.pull(slot, token, desc, w.cell, w.seg),
-                None if self.rndv.offers.len() >= MAX_OFFERS => {
+                None if self.rndv.offers.keys().filter(|(s, _)| *s == slot).count() >= MAX_OFFERS => {
                     self.lose_peer(slot, format!("more than {MAX_OFFERS} offers outstanding"));
                 }
                 None => {
@@ -240,6 +249,11 @@ impl Reactor {
     /// Read an offered message into the receive buffer `seg`, as a bulk read through the
     /// scheduler; its completion answers the sender and completes the receive.
     fn pull(&mut self, slot: usize, token: u32, desc: RemoteBuf, cell: Arc<OpCell>, seg: LocalSeg) {
+        if self.closing {
+            self.tell(slot, Ctl::Done { token, outcome: Pulled::Failed });
+            resolve(&self.counters, &cell, Err(Error::Shutdown { op: OpKind::Recv }));
+            return;
+        }
         let len = desc.len();
         if len > seg.len as u64 || len == 0 {
             self.tell(slot, Ctl::Done { token, outcome: Pulled::TooSmall(seg.len as u64) });
