@@ -19,9 +19,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{resolve, Reactor};
+use super::{cell_key, resolve, Reactor};
 use crate::control::{Ctl, Verdict};
-use crate::error::{Error, FailureClass, OpKind, TransportError};
+use crate::error::{Error, FailureClass, OpKind};
 use crate::op::{Done, OpCell};
 use crate::transport::{Access, MemoryRegion, WrKind};
 
@@ -111,10 +111,6 @@ impl Audit {
     }
 }
 
-fn key(cell: &Arc<OpCell>) -> usize {
-    Arc::as_ptr(cell) as usize
-}
-
 impl Reactor {
     /// A one-sided op's work request came back cancelled: ask its target whether it was
     /// allowed (once per op).
@@ -127,7 +123,7 @@ impl Reactor {
         len: usize,
         cell: &Arc<OpCell>,
     ) {
-        let (key_, addr, write) = match (op, kind) {
+        let (key, addr, write) = match (op, kind) {
             (OpKind::Write | OpKind::WriteImm, WrKind::Write { remote_addr, key, .. }) => {
                 (key, remote_addr, true)
             }
@@ -135,13 +131,13 @@ impl Reactor {
             (OpKind::Read | OpKind::Recv, WrKind::Read { remote_addr, key }) => (key, remote_addr, false),
             _ => return,
         };
-        let k = key(cell);
+        let k = cell_key(cell);
         if self.audit.asking.contains_key(&k) || self.peers.get(slot).is_none_or(|p| p.lost.is_some()) {
             return;
         }
         self.audit.next_token = self.audit.next_token.wrapping_add(1);
         let token = self.audit.next_token;
-        self.tell(slot, Ctl::Check { token, key: key_, addr, len: len as u64, write });
+        self.tell(slot, Ctl::Check { token, key, addr, len: len as u64, write });
         self.audit.by_token.insert(token, k);
         let asking = Asking { slot, token, id, cell: cell.clone(), verdict: None, parked: None };
         self.audit.asking.insert(k, asking);
@@ -153,7 +149,7 @@ impl Reactor {
         cell: &Arc<OpCell>,
         res: Result<Done, Error>,
     ) -> Option<Result<Done, Error>> {
-        let k = key(cell);
+        let k = cell_key(cell);
         let Some(a) = self.audit.asking.get_mut(&k) else {
             return Some(res);
         };
@@ -192,12 +188,10 @@ impl Reactor {
             }
             // Lost because of the refusal (`fail_silent`), or right after it.
             Error::PeerLost { op, peer, .. } => {
-                let source = TransportError {
-                    provider: self.t.caps().provider.clone(),
-                    errno: 0,
-                    text: format!("the peer says {why} (the connection is closed)"),
-                    class: FailureClass::RemoteAccess,
-                };
+                let source = self.local_error(
+                    FailureClass::RemoteAccess,
+                    format!("the peer says {why} (the connection is closed)"),
+                );
                 Error::RemoteAccess { op, peer, source }
             }
             Error::Batch { piece, source } => {
@@ -249,12 +243,8 @@ impl Reactor {
             let e = Error::Transport {
                 op: f.map_or(OpKind::Write, |f| f.op),
                 peer: self.peers.get(slot).map_or_else(String::new, |p| p.label.clone()),
-                source: TransportError {
-                    provider: self.t.caps().provider.clone(),
-                    errno: 0,
-                    text: "dropped by the provider without a completion".into(),
-                    class: FailureClass::Cancelled,
-                },
+                source: self
+                    .local_error(FailureClass::Cancelled, "dropped by the provider without a completion"),
             };
             if let Some(h) = self.held[c.op.0].as_mut() {
                 super::note_chunk_error(h, c.offset, e);

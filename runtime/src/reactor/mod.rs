@@ -141,6 +141,12 @@ pub(crate) struct Reactor {
     closing: bool,
 }
 
+/// An op's cell by address: names the op in the side tables (rendezvous, audit), which hold
+/// the cell while they name it, so the address is not reused meanwhile.
+fn cell_key(cell: &Arc<OpCell>) -> usize {
+    Arc::as_ptr(cell) as usize
+}
+
 /// Complete an op cell and count the outcome.
 fn resolve(counters: &Counters, cell: &OpCell, res: Result<Done, Error>) {
     Counters::add(if res.is_ok() { &counters.completed } else { &counters.failed });
@@ -259,6 +265,11 @@ impl Reactor {
         Counters::add(&self.counters.submitted);
         self.accept(req);
         self.post();
+    }
+
+    /// A failure the runtime reports itself, in the provider's name (no errno).
+    fn local_error(&self, class: crate::error::FailureClass, text: impl Into<String>) -> TransportError {
+        TransportError { provider: self.t.caps().provider.clone(), errno: 0, text: text.into(), class }
     }
 
     /// Ops are posted or queued that will complete without the peer's help.

@@ -14,9 +14,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{resolve, Reactor};
+use super::{cell_key, resolve, Reactor};
 use crate::control::{Ctl, Pulled};
-use crate::error::{Error, FailureClass, OpKind, TransportError};
+use crate::error::{Error, FailureClass, OpKind};
 use crate::op::{Done, OpCell};
 use crate::remote::RemoteBuf;
 use crate::sched::Class;
@@ -77,14 +77,6 @@ impl Rendezvous {
     }
 }
 
-fn key(cell: &Arc<OpCell>) -> usize {
-    Arc::as_ptr(cell) as usize
-}
-
-fn local_error(provider: &str, class: FailureClass, text: String) -> TransportError {
-    TransportError { provider: provider.to_string(), errno: 0, text, class }
-}
-
 impl Reactor {
     /// A send of ours is being read by its peer.
     pub(super) fn rendezvous_open(&self) -> bool {
@@ -100,7 +92,7 @@ impl Reactor {
         let Some(res) = self.audited(cell, res) else {
             return;
         };
-        let k = key(cell);
+        let k = cell_key(cell);
         if let Some(token) = self.rndv.markers.remove(&k) {
             self.marker_done(token, res);
         } else if let Some(p) = self.rndv.pulling.remove(&k) {
@@ -141,7 +133,7 @@ impl Reactor {
         self.audit.exposed(&mr, len, Access::READ);
         self.tell(req.peer, Ctl::Offer { token, desc });
         let cell = req.cell.clone();
-        self.rndv.markers.insert(key(&cell), token);
+        self.rndv.markers.insert(cell_key(&cell), token);
         let out = Outgoing { slot: req.peer, cell, mr: mr.id, len, marked: false, answer: None };
         self.rndv.outgoing.insert(token, out);
         req.class = Some(req.class.unwrap_or_else(|| self.sched.config().default_class(len)));
@@ -170,20 +162,18 @@ impl Reactor {
         let Some(out) = self.rndv.outgoing.remove(&token) else {
             return;
         };
-        self.rndv.markers.remove(&key(&out.cell));
+        self.rndv.markers.remove(&cell_key(&out.cell));
         self.audit.withdrawn(out.mr);
         if let Err(e) = self.t.deregister(out.mr) {
             tracing::warn!(token, error = %e, "deregistering an offered buffer failed");
         }
         let label = self.peers.get(out.slot).map_or("-", |p| p.label.as_str());
-        let provider = self.t.caps().provider.clone();
         let res = match res {
             Ok(Pulled::Whole) => Ok(Done { len: out.len, imm: None }),
             Ok(Pulled::TooSmall(n)) => Err(Error::Transport {
                 op: OpKind::Send,
                 peer: label.to_string(),
-                source: local_error(
-                    &provider,
+                source: self.local_error(
                     FailureClass::Truncated,
                     format!(
                         "the peer's {n}-byte receive buffer is too small for the {}-byte message",
@@ -194,11 +184,7 @@ impl Reactor {
             Ok(Pulled::Failed) => Err(Error::Transport {
                 op: OpKind::Send,
                 peer: label.to_string(),
-                source: local_error(
-                    &provider,
-                    FailureClass::Other,
-                    "the peer failed to read the message".into(),
-                ),
+                source: self.local_error(FailureClass::Other, "the peer failed to read the message"),
             }),
             Err(e) => Err(e),
         };
@@ -259,7 +245,7 @@ impl Reactor {
             self.tell(slot, Ctl::Done { token, outcome: Pulled::TooSmall(seg.len as u64) });
             let p = &self.peers[slot];
             let text = format!("a {len}-byte message does not fit the {}-byte receive buffer", seg.len);
-            let source = local_error(&self.t.caps().provider, FailureClass::Truncated, text);
+            let source = self.local_error(FailureClass::Truncated, text);
             resolve(
                 &self.counters,
                 &cell,
@@ -279,7 +265,7 @@ impl Reactor {
             batch: None,
             rail_keys: desc.rail_keys(),
         };
-        self.rndv.pulling.insert(key(&cell), Pulling { slot, token, _cell: cell });
+        self.rndv.pulling.insert(cell_key(&cell), Pulling { slot, token, _cell: cell });
         self.accept(req);
     }
 
