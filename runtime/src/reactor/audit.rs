@@ -43,10 +43,17 @@ struct Asking {
     verdict: Option<Verdict>,
     /// The op's failure, once the op is over, waiting for the verdict.
     parked: Option<Error>,
+    /// When the question went out.
+    asked: Instant,
 }
 
 /// How long a one-sided op may stay silent before its target is asked about it.
 const SILENT_AFTER: Duration = Duration::from_secs(1);
+
+/// How long an answer may take. A live runtime answers in well under a millisecond; a dead one
+/// is noticed by its heartbeats (`peer_timeout`). This bounds the wait on a peer that beats
+/// but does not answer: its op then fails with the provider's own error.
+const VERDICT_WAIT: Duration = Duration::from_secs(10);
 
 /// Questions a peer may ask per second.
 const MAX_CHECKS_PER_SEC: u32 = 1024;
@@ -139,7 +146,15 @@ impl Reactor {
         let token = self.audit.next_token;
         self.tell(slot, Ctl::Check { token, key, addr, len: len as u64, write });
         self.audit.by_token.insert(token, k);
-        let asking = Asking { slot, token, id, cell: cell.clone(), verdict: None, parked: None };
+        let asking = Asking {
+            slot,
+            token,
+            id,
+            cell: cell.clone(),
+            verdict: None,
+            parked: None,
+            asked: Instant::now(),
+        };
         self.audit.asking.insert(k, asking);
     }
 
@@ -311,6 +326,29 @@ impl Reactor {
         }
     }
 
+    /// Questions out longer than `VERDICT_WAIT` get no answer any more: an op waiting on one
+    /// fails with its own error, and an op still in flight may be asked about again.
+    pub(super) fn expire_questions(&mut self) {
+        let now = Instant::now();
+        let late: Vec<usize> = self
+            .audit
+            .asking
+            .iter()
+            .filter(|(_, a)| a.verdict.is_none() && now.duration_since(a.asked) >= VERDICT_WAIT)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in late {
+            let a = self.audit.asking.get_mut(&k).expect("listed");
+            let parked = a.parked.take();
+            let cell = a.cell.clone();
+            self.forget(k);
+            if let Some(e) = parked {
+                let note = format!("the peer did not say why within {} s", VERDICT_WAIT.as_secs());
+                resolve(&self.counters, &cell, Err(unexplained(e, &note)));
+            }
+        }
+    }
+
     /// No verdict will come from `slot`: what waits for one fails as the peer's loss (`lost`:
     /// how it was noticed) or, at shutdown, with the provider's error.
     pub(super) fn audit_lost(&mut self, slot: usize, lost: Option<&str>) {
@@ -335,5 +373,144 @@ impl Reactor {
                 None => a.verdict = Some(Verdict::Allowed),
             }
         }
+    }
+}
+
+/// The op's own failure, with a note that its target did not explain it.
+fn unexplained(e: Error, note: &str) -> Error {
+    match e {
+        Error::Transport { op, peer, mut source } => {
+            source.text = format!("{}; {note}", source.text);
+            Error::Transport { op, peer, source }
+        }
+        Error::Batch { piece, source } => {
+            Error::Batch { piece, source: Box::new(unexplained(*source, note)) }
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::TransportError;
+    use crate::transport::{
+        Caps, Completion, LaneId, Notify, PeerAddr, PostError, Posted, Transport, WorkRequest,
+    };
+
+    fn no(text: &str) -> TransportError {
+        TransportError { provider: "nothing".into(), errno: 0, text: text.into(), class: FailureClass::Other }
+    }
+
+    /// A transport with nothing behind it: the audit's bookkeeping needs none.
+    struct Nothing(Caps);
+    struct Quiet;
+    impl Notify for Quiet {
+        fn notify(&self) {}
+    }
+    impl Transport for Nothing {
+        fn caps(&self) -> &Caps {
+            &self.0
+        }
+        fn open_lane(&mut self, _: usize) -> Result<(LaneId, Vec<u8>), TransportError> {
+            Err(no("no lanes"))
+        }
+        fn connect_lane(&mut self, _: LaneId, _: &[u8]) -> Result<PeerAddr, TransportError> {
+            Err(no("no lanes"))
+        }
+        fn close_lane(&mut self, _: LaneId) {}
+        unsafe fn register(
+            &mut self,
+            _: *mut u8,
+            _: usize,
+            _: Access,
+        ) -> Result<MemoryRegion, TransportError> {
+            Err(no("no memory"))
+        }
+        fn deregister(&mut self, _: u64) -> Result<(), TransportError> {
+            Ok(())
+        }
+        unsafe fn post(&mut self, _: &WorkRequest<'_>) -> Result<Posted, PostError> {
+            Err(PostError::Again)
+        }
+        fn poll(&mut self, _: &mut Vec<Completion>, _: usize) -> usize {
+            0
+        }
+        fn wait(&mut self, _: Duration) {}
+        fn notifier(&self) -> Arc<dyn Notify> {
+            Arc::new(Quiet)
+        }
+    }
+
+    fn reactor() -> Reactor {
+        let caps = Caps {
+            provider: "nothing".into(),
+            max_msg_size: 1 << 20,
+            inject_size: 0,
+            iov_limit: 1,
+            cq_data_size: 0,
+            tx_depth: 16,
+            rx_depth: 16,
+            wait_fd: false,
+            silent_refusals: false,
+            rails: 1,
+            rail_numa: vec![None],
+        };
+        let (_tx, rx) = std::sync::mpsc::channel();
+        Reactor::new(
+            Box::new(Nothing(caps)),
+            rx,
+            Default::default(),
+            Default::default(),
+            Default::default(),
+            Default::default(),
+        )
+    }
+
+    fn cancelled() -> Error {
+        Error::Transport {
+            op: OpKind::Write,
+            peer: "p".into(),
+            source: TransportError {
+                provider: "nothing".into(),
+                errno: 125,
+                text: "Operation canceled".into(),
+                class: FailureClass::Cancelled,
+            },
+        }
+    }
+
+    /// Ask about `cell` as if at `asked`, with the op over (`parked`) or still in flight.
+    fn ask(r: &mut Reactor, cell: &Arc<OpCell>, token: u32, asked: Instant, parked: Option<Error>) {
+        let k = cell_key(cell);
+        r.audit.by_token.insert(token, k);
+        let a = Asking { slot: 0, token, id: 1, cell: cell.clone(), verdict: None, parked, asked };
+        r.audit.asking.insert(k, a);
+    }
+
+    #[test]
+    fn a_question_nobody_answers_fails_its_op_with_its_own_error_in_time() {
+        let mut r = reactor();
+        let old = Instant::now() - VERDICT_WAIT - Duration::from_millis(1);
+        let (late, fresh, flying) = (OpCell::new(), OpCell::new(), OpCell::new());
+        ask(&mut r, &late, 1, old, Some(cancelled()));
+        ask(&mut r, &fresh, 2, Instant::now(), Some(cancelled()));
+        ask(&mut r, &flying, 3, old, None);
+
+        r.expire_questions();
+
+        match late.outcome() {
+            Some(Err(Error::Transport { source, .. })) => {
+                assert_eq!(source.class, FailureClass::Cancelled);
+                assert!(source.text.contains("did not say why"), "{}", source.text);
+            }
+            other => panic!("the unanswered op should fail as cancelled, got {other:?}"),
+        }
+        assert!(fresh.outcome().is_none(), "an op asked about just now still waits");
+        // The op in flight is no longer asked about: its failure, when it comes, is its own.
+        assert!(flying.outcome().is_none());
+        assert!(r.audited(&flying, Err(cancelled())).is_some_and(|res| res.is_err()));
+        assert_eq!(r.audit.asking.len(), 1);
+        assert_eq!(r.audit.by_token.len(), 1);
     }
 }

@@ -255,6 +255,9 @@ impl Reactor {
         if self.silent_refusals && self.turns.is_multiple_of(1024) && self.active > 0 {
             self.sweep_silent();
         }
+        if !self.audit.idle() && self.turns.is_multiple_of(64) {
+            self.expire_questions();
+        }
         work
     }
 
