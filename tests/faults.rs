@@ -64,6 +64,9 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
     } else {
         (None, Some(region))
     };
+    // On shm the initiator gives up on the target that refused it, and tells it why: the target
+    // then loses the initiator too, which fails this receive.
+    let told = b.caps().silent_refusals.then(|| ba.recv(b.alloc(8).unwrap()).start());
     let mut src = a.alloc(target.len() as usize).unwrap();
     src.fill(0xAA);
     let r = match f {
@@ -74,6 +77,12 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
     // land beyond it, where the target's own state would break instead).
     let untouched = kept.as_ref().is_none_or(|buf| buf.iter().all(|&x| x == 0))
         && region.as_ref().is_none_or(|r| r.as_slice().iter().all(|&x| x == 0));
+    if let Some(recv) = told {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), recv).await {
+            Ok((Err(Error::PeerLost { reason, .. }), _)) if reason.contains("gave up on us") => {}
+            other => return Err(format!("{f:?}: the target should lose the initiator, got {other:?}")),
+        }
+    }
     drop((ab, ba));
     // The target still serves: a new connection moves bytes.
     let (ab, ba) = pair(&a, &b).await;

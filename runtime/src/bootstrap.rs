@@ -379,8 +379,15 @@ fn watch_peer(
                     open = false;
                     continue;
                 };
-                if let Err(e) = wr.write_all(&msg.encode()).await {
-                    return format!("control connection: {e}");
+                // A peer that stops reading would otherwise stall this writer for good while
+                // its own heartbeats keep the reader content, and our messages pile up.
+                match tokio::time::timeout(timeout, wr.write_all(&msg.encode())).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return format!("control connection: {e}"),
+                    Err(_) => return format!("the peer read nothing for {} ms", timeout.as_millis()),
+                }
+                if let Ctl::Goodbye { reason } = msg {
+                    return reason;
                 }
             }
         };
@@ -394,6 +401,9 @@ fn watch_peer(
                     Ok(Err(e)) => return format!("control connection: {e}"),
                     Ok(Ok(Err(why))) => return format!("control protocol violated: {why}"),
                     Ok(Ok(Ok(Ctl::Heartbeat))) => {}
+                    Ok(Ok(Ok(Ctl::Goodbye { reason }))) => {
+                        return format!("the peer gave up on us: {reason}")
+                    }
                     Ok(Ok(Ok(msg))) => match weak.upgrade() {
                         Some(rt) => rt.control(slot, peer_id, msg),
                         None => return "runtime gone".to_string(),

@@ -1,6 +1,6 @@
 //! What travels on a peer's control connection once the handshake is done: heartbeats, the two
-//! halves of a large-message rendezvous, and questions about refused one-sided ops. Each message is a kind byte and a fixed or
-//! length-limited body; anything else is a protocol violation and ends the connection (the peer
+//! halves of a large-message rendezvous, questions about refused one-sided ops, and why a
+//! runtime gave up on its peer. Each message is a kind byte and a fixed or length-limited body; anything else is a protocol violation and ends the connection (the peer
 //! is then lost), so a misbehaving peer can neither make us allocate without bound nor stall us.
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -11,6 +11,10 @@ const OFFER: u8 = 0x4F;
 const DONE: u8 = 0x44;
 const CHECK: u8 = 0x43;
 const VERDICT: u8 = 0x56;
+const GOODBYE: u8 = 0x47;
+
+/// The longest reason a goodbye carries; longer ones are cut.
+pub(crate) const MAX_REASON: usize = 256;
 
 /// One control message.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +58,12 @@ pub(crate) enum Ctl {
         token: u32,
         /// What the peer found.
         verdict: Verdict,
+    },
+    /// The sender lost this peer of its own accord (it misbehaved, or refused an op that shm
+    /// leaves pending): the connection ends after this, and the receiver loses the sender.
+    Goodbye {
+        /// Why, for the receiver's error (at most `MAX_REASON` bytes).
+        reason: String,
     },
 }
 
@@ -136,6 +146,16 @@ impl Ctl {
                 out.push(*verdict as u8);
                 out
             }
+            Ctl::Goodbye { reason } => {
+                let mut end = reason.len().min(MAX_REASON);
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let mut out = vec![GOODBYE];
+                out.extend_from_slice(&(end as u16).to_le_bytes());
+                out.extend_from_slice(&reason.as_bytes()[..end]);
+                out
+            }
         }
     }
 
@@ -188,6 +208,15 @@ impl Ctl {
                     v => Err(format!("verdict {token} of {v}")),
                 }
             }
+            GOODBYE => {
+                let n = rd.read_u16_le().await? as usize;
+                if n > MAX_REASON {
+                    return Ok(Err(format!("a goodbye of {n} bytes")));
+                }
+                let mut r = vec![0u8; n];
+                rd.read_exact(&mut r).await?;
+                Ok(Ctl::Goodbye { reason: String::from_utf8_lossy(&r).into_owned() })
+            }
             k => Err(format!("unknown message kind {k:#x}")),
         })
     }
@@ -226,6 +255,7 @@ mod tests {
             len in 1u64..1 << 40,
             keys in proptest::collection::vec(any::<u64>(), 1..8),
             small in any::<u64>(),
+            reason in ".{0,300}",
         ) {
             let msgs = vec![
                 Ctl::Heartbeat,
@@ -238,9 +268,17 @@ mod tests {
                 Ctl::Verdict { token, verdict: Verdict::UnknownKey },
                 Ctl::Verdict { token, verdict: Verdict::OutOfRange },
                 Ctl::Verdict { token, verdict: Verdict::NotPermitted },
+                Ctl::Goodbye { reason: reason.clone() },
             ];
             let bytes: Vec<u8> = msgs.iter().flat_map(|m| m.encode()).collect();
-            prop_assert_eq!(decode_all(&bytes), Ok(msgs));
+            let mut expected = msgs;
+            // A reason is cut to its first MAX_REASON bytes (on a character boundary).
+            let mut end = reason.len().min(MAX_REASON);
+            while !reason.is_char_boundary(end) {
+                end -= 1;
+            }
+            *expected.last_mut().unwrap() = Ctl::Goodbye { reason: reason[..end].to_string() };
+            prop_assert_eq!(decode_all(&bytes), Ok(expected));
         }
 
         #[test]
@@ -255,5 +293,6 @@ mod tests {
         b.extend_from_slice(&u16::MAX.to_le_bytes());
         assert!(decode_all(&b).unwrap_err().contains("65535 descriptor bytes"));
         assert!(decode_all(&[0x00]).unwrap_err().contains("unknown message kind"));
+        assert!(decode_all(&[GOODBYE, 0xff, 0xff]).unwrap_err().contains("a goodbye of 65535 bytes"));
     }
 }

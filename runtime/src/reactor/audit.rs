@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{cell_key, resolve, Reactor};
+use super::{cell_key, Reactor};
 use crate::control::{Ctl, Verdict};
 use crate::error::{Error, FailureClass, OpKind};
 use crate::op::{Done, OpCell};
@@ -58,8 +58,13 @@ const VERDICT_WAIT: Duration = Duration::from_secs(10);
 /// Questions a peer may ask per second.
 const MAX_CHECKS_PER_SEC: u32 = 1024;
 
-/// Refusals a peer may be answered before it counts as probing.
+/// Refusals a peer may be answered in a minute before it counts as probing.
 const MAX_REFUSED: u32 = 64;
+
+/// Questions we ask one peer per second: half what it answers, so that a burst of cancelled
+/// ops (a dropped connection cancels every op on it) never makes an honest initiator look
+/// like a prober. Ops beyond it keep the provider's own error.
+const MAX_ASKED_PER_SEC: u32 = MAX_CHECKS_PER_SEC / 2;
 
 /// The longest nap of an idle reactor whose memory peers reach through the target's checks:
 /// its progress is what serves their one-sided ops.
@@ -139,7 +144,13 @@ impl Reactor {
             _ => return,
         };
         let k = cell_key(cell);
-        if self.audit.asking.contains_key(&k) || self.peers.get(slot).is_none_or(|p| p.lost.is_some()) {
+        if self.audit.asking.contains_key(&k) {
+            return;
+        }
+        let Some(p) = self.peers.get_mut(slot).filter(|p| p.lost.is_none()) else {
+            return;
+        };
+        if !within(&mut p.asked, Duration::from_secs(1), MAX_ASKED_PER_SEC) {
             return;
         }
         self.audit.next_token = self.audit.next_token.wrapping_add(1);
@@ -265,9 +276,7 @@ impl Reactor {
                 super::note_chunk_error(h, c.offset, e);
             }
         }
-        if self.peers.get(slot).is_some_and(|p| p.lost.is_none()) {
-            self.lose_peer(slot, format!("it refused a one-sided op of ours ({why})"));
-        }
+        self.drop_peer(slot, format!("it refused a one-sided op of ours ({why})"));
     }
 
     /// A peer asks about an op of its own on our memory, or answers about one of ours.
@@ -277,19 +286,16 @@ impl Reactor {
                 let Some(p) = self.peers.get_mut(slot) else {
                     return;
                 };
-                let now = Instant::now();
-                if now.duration_since(p.checks.0) >= Duration::from_secs(1) {
-                    p.checks = (now, 0);
-                }
-                p.checks.1 += 1;
                 let verdict = self.audit.judge(key, addr, len, write);
-                p.refused += u32::from(verdict.refusal().is_some());
-                if p.checks.1 > MAX_CHECKS_PER_SEC || p.refused > MAX_REFUSED {
+                let asked_ok = within(&mut p.checks, Duration::from_secs(1), MAX_CHECKS_PER_SEC);
+                let refused_ok = verdict.refusal().is_none()
+                    || within(&mut p.refused, Duration::from_secs(60), MAX_REFUSED);
+                if !asked_ok || !refused_ok {
                     let why = format!(
                         "it asked about our memory more than {MAX_CHECKS_PER_SEC} times a second or \
-                         was refused more than {MAX_REFUSED} times"
+                         was refused more than {MAX_REFUSED} times a minute"
                     );
-                    self.lose_peer(slot, why);
+                    self.drop_peer(slot, why);
                     return;
                 }
                 self.tell(slot, Ctl::Verdict { token, verdict });
@@ -307,7 +313,7 @@ impl Reactor {
                         let cell = a.cell.clone();
                         self.forget(k);
                         let e = self.judged(e, verdict);
-                        resolve(&self.counters, &cell, Err(e));
+                        self.settle_audited(&cell, Err(e));
                     }
                     None if self.silent_refusals => match verdict.refusal() {
                         Some(why) => {
@@ -344,7 +350,7 @@ impl Reactor {
             self.forget(k);
             if let Some(e) = parked {
                 let note = format!("the peer did not say why within {} s", VERDICT_WAIT.as_secs());
-                resolve(&self.counters, &cell, Err(unexplained(e, &note)));
+                self.settle_audited(&cell, Err(unexplained(e, &note)));
             }
         }
     }
@@ -368,12 +374,23 @@ impl Reactor {
                         },
                         _ => e,
                     };
-                    resolve(&self.counters, &cell, Err(e));
+                    self.settle_audited(&cell, Err(e));
                 }
                 None => a.verdict = Some(Verdict::Allowed),
             }
         }
     }
+}
+
+/// Count one more event in the window `(start, count)` of length `span`, starting a new
+/// window when it is over; false when the count goes above `max`.
+fn within(w: &mut (Instant, u32), span: Duration, max: u32) -> bool {
+    let now = Instant::now();
+    if now.duration_since(w.0) >= span {
+        *w = (now, 0);
+    }
+    w.1 = w.1.saturating_add(1);
+    w.1 <= max
 }
 
 /// The op's own failure, with a note that its target did not explain it.
@@ -393,92 +410,7 @@ fn unexplained(e: Error, note: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::TransportError;
-    use crate::transport::{
-        Caps, Completion, LaneId, Notify, PeerAddr, PostError, Posted, Transport, WorkRequest,
-    };
-
-    fn no(text: &str) -> TransportError {
-        TransportError { provider: "nothing".into(), errno: 0, text: text.into(), class: FailureClass::Other }
-    }
-
-    /// A transport with nothing behind it: the audit's bookkeeping needs none.
-    struct Nothing(Caps);
-    struct Quiet;
-    impl Notify for Quiet {
-        fn notify(&self) {}
-    }
-    impl Transport for Nothing {
-        fn caps(&self) -> &Caps {
-            &self.0
-        }
-        fn open_lane(&mut self, _: usize) -> Result<(LaneId, Vec<u8>), TransportError> {
-            Err(no("no lanes"))
-        }
-        fn connect_lane(&mut self, _: LaneId, _: &[u8]) -> Result<PeerAddr, TransportError> {
-            Err(no("no lanes"))
-        }
-        fn close_lane(&mut self, _: LaneId) {}
-        unsafe fn register(
-            &mut self,
-            _: *mut u8,
-            _: usize,
-            _: Access,
-        ) -> Result<MemoryRegion, TransportError> {
-            Err(no("no memory"))
-        }
-        fn deregister(&mut self, _: u64) -> Result<(), TransportError> {
-            Ok(())
-        }
-        unsafe fn post(&mut self, _: &WorkRequest<'_>) -> Result<Posted, PostError> {
-            Err(PostError::Again)
-        }
-        fn poll(&mut self, _: &mut Vec<Completion>, _: usize) -> usize {
-            0
-        }
-        fn wait(&mut self, _: Duration) {}
-        fn notifier(&self) -> Arc<dyn Notify> {
-            Arc::new(Quiet)
-        }
-    }
-
-    fn reactor() -> Reactor {
-        let caps = Caps {
-            provider: "nothing".into(),
-            max_msg_size: 1 << 20,
-            inject_size: 0,
-            iov_limit: 1,
-            cq_data_size: 0,
-            tx_depth: 16,
-            rx_depth: 16,
-            wait_fd: false,
-            silent_refusals: false,
-            rails: 1,
-            rail_numa: vec![None],
-        };
-        let (_tx, rx) = std::sync::mpsc::channel();
-        Reactor::new(
-            Box::new(Nothing(caps)),
-            rx,
-            Default::default(),
-            Default::default(),
-            Default::default(),
-            Default::default(),
-        )
-    }
-
-    fn cancelled() -> Error {
-        Error::Transport {
-            op: OpKind::Write,
-            peer: "p".into(),
-            source: TransportError {
-                provider: "nothing".into(),
-                errno: 125,
-                text: "Operation canceled".into(),
-                class: FailureClass::Cancelled,
-            },
-        }
-    }
+    use crate::reactor::testing::{cancelled, reactor};
 
     /// Ask about `cell` as if at `asked`, with the op over (`parked`) or still in flight.
     fn ask(r: &mut Reactor, cell: &Arc<OpCell>, token: u32, asked: Instant, parked: Option<Error>) {
@@ -512,5 +444,17 @@ mod tests {
         assert!(r.audited(&flying, Err(cancelled())).is_some_and(|res| res.is_err()));
         assert_eq!(r.audit.asking.len(), 1);
         assert_eq!(r.audit.by_token.len(), 1);
+    }
+
+    #[test]
+    fn questions_to_one_peer_are_paced_below_what_it_answers() {
+        let mut w = (Instant::now(), 0);
+        let allowed = (0..MAX_CHECKS_PER_SEC)
+            .filter(|_| within(&mut w, Duration::from_secs(60), MAX_ASKED_PER_SEC))
+            .count();
+        assert_eq!(allowed as u32, MAX_ASKED_PER_SEC);
+        let mut w = (Instant::now() - Duration::from_secs(2), MAX_ASKED_PER_SEC);
+        assert!(within(&mut w, Duration::from_secs(1), MAX_ASKED_PER_SEC), "a new second starts afresh");
+        assert_eq!(w.1, 1);
     }
 }

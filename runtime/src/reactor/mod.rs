@@ -5,6 +5,8 @@
 mod audit;
 pub(crate) mod cmd;
 mod rendezvous;
+#[cfg(test)]
+mod testing;
 pub(crate) mod thread;
 
 use std::collections::VecDeque;
@@ -80,8 +82,10 @@ struct Peer {
     ctl: UnboundedSender<Ctl>,
     /// Questions about our memory this peer asked in the current second, and when it began.
     checks: (Instant, u32),
-    /// Its questions we answered with a refusal.
-    refused: u32,
+    /// Its questions we answered with a refusal in the current minute, and when it began.
+    refused: (Instant, u32),
+    /// Questions we asked it in the current second, and when it began.
+    asked: (Instant, u32),
 }
 
 impl Peer {
@@ -255,8 +259,13 @@ impl Reactor {
         if self.silent_refusals && self.turns.is_multiple_of(1024) && self.active > 0 {
             self.sweep_silent();
         }
-        if !self.audit.idle() && self.turns.is_multiple_of(64) {
-            self.expire_questions();
+        if self.turns.is_multiple_of(64) {
+            if !self.audit.idle() {
+                self.expire_questions();
+            }
+            if self.markers_waiting() {
+                self.expire_markers();
+            }
         }
         work
     }
@@ -445,7 +454,8 @@ impl Reactor {
                         inflight: 0,
                         ctl,
                         checks: (Instant::now(), 0),
-                        refused: 0,
+                        refused: (Instant::now(), 0),
+                        asked: (Instant::now(), 0),
                     };
                     self.peers.insert(peer)
                 });
@@ -469,6 +479,18 @@ impl Reactor {
             }
             Cmd::Control { slot, peer_id, msg } => self.on_control(slot, peer_id, msg),
         }
+    }
+
+    /// Give up on a peer of our own accord (it misbehaved, or refused an op the provider leaves
+    /// pending): tell it why, which ends the control connection so that it loses us too, then
+    /// lose it.
+    fn drop_peer(&mut self, slot: usize, reason: String) {
+        if self.peers.get(slot).is_none_or(|p| p.lost.is_some()) {
+            return;
+        }
+        tracing::warn!(peer = %self.peers[slot].label, %reason, "giving up on a peer");
+        self.tell(slot, Ctl::Goodbye { reason: reason.clone() });
+        self.lose_peer(slot, reason);
     }
 
     /// The peer is gone: fail what it has queued, close its lanes (after reaping what already

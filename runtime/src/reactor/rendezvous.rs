@@ -13,6 +13,7 @@
 //! exposed buffer stays alive (in the cell) until the access is gone.
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{cell_key, resolve, Reactor};
 use crate::control::{Ctl, Pulled};
@@ -44,7 +45,14 @@ struct Outgoing {
 struct Waiting {
     cell: Arc<OpCell>,
     seg: LocalSeg,
+    /// When the marker came.
+    since: Instant,
 }
+
+/// How long a marker may wait for its offer. The sender tells the offer before it posts the
+/// marker, so the offer trails by a control-connection hop at most; a peer whose offer does
+/// not come has broken the protocol.
+const OFFER_WAIT: Duration = Duration::from_secs(10);
 
 /// A receive reading an offered message.
 struct Pulling {
@@ -92,6 +100,12 @@ impl Reactor {
         let Some(res) = self.audited(cell, res) else {
             return;
         };
+        self.settle_audited(cell, res);
+    }
+
+    /// Complete an op whose target's verdict is in (or not wanted): a marker finishes its send,
+    /// a read of an offered message answers the sender, and any other op simply completes.
+    pub(super) fn settle_audited(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
         let k = cell_key(cell);
         if let Some(token) = self.rndv.markers.remove(&k) {
             self.marker_done(token, res);
@@ -195,10 +209,43 @@ impl Reactor {
     pub(super) fn marker_arrived(&mut self, slot: usize, token: u32, cell: Arc<OpCell>, seg: LocalSeg) {
         match self.rndv.offers.remove(&(slot, token)) {
             Some(desc) => self.pull(slot, token, desc, cell, seg),
+            None if self.rndv.waiting.contains_key(&(slot, token)) => {
+                // A correct peer never reuses a token while its send runs.
+                let reason = format!("it sent two messages under rendezvous token {token}");
+                self.drop_peer(slot, reason.clone());
+                let peer = self.peers.get(slot).map_or_else(String::new, |p| p.label.clone());
+                resolve(&self.counters, &cell, Err(Error::PeerLost { op: OpKind::Recv, peer, reason }));
+            }
             None => {
-                self.rndv.waiting.insert((slot, token), Waiting { cell, seg });
+                self.rndv.waiting.insert((slot, token), Waiting { cell, seg, since: Instant::now() });
             }
         }
+    }
+
+    /// Markers are waiting for their offers: give up on a peer whose offer is overdue.
+    pub(super) fn expire_markers(&mut self) {
+        let now = Instant::now();
+        let mut late: Vec<(usize, u32)> = self
+            .rndv
+            .waiting
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.since) >= OFFER_WAIT)
+            .map(|(k, _)| *k)
+            .collect();
+        late.sort_unstable();
+        late.dedup_by_key(|(slot, _)| *slot);
+        for (slot, token) in late {
+            let why = format!(
+                "its offer for rendezvous token {token} did not come within {} s",
+                OFFER_WAIT.as_secs()
+            );
+            self.drop_peer(slot, why);
+        }
+    }
+
+    /// Receives wait for offers.
+    pub(super) fn markers_waiting(&self) -> bool {
+        !self.rndv.waiting.is_empty()
     }
 
     /// A message on a peer's control connection.
@@ -207,12 +254,13 @@ impl Reactor {
             return;
         }
         match msg {
-            Ctl::Heartbeat => {}
+            // Both end at the connection's task, which never hands them on.
+            Ctl::Heartbeat | Ctl::Goodbye { .. } => {}
             Ctl::Check { .. } | Ctl::Verdict { .. } => self.on_audit(slot, msg),
             Ctl::Offer { token, desc } => match self.rndv.waiting.remove(&(slot, token)) {
                 Some(w) => self.pull(slot, token, desc, w.cell, w.seg),
                 None if self.rndv.offers.keys().filter(|(s, _)| *s == slot).count() >= MAX_OFFERS => {
-                    self.lose_peer(slot, format!("more than {MAX_OFFERS} offers outstanding"));
+                    self.drop_peer(slot, format!("more than {MAX_OFFERS} offers outstanding"));
                 }
                 None => {
                     self.rndv.offers.insert((slot, token), desc);
@@ -292,5 +340,64 @@ impl Reactor {
             let w = self.rndv.waiting.remove(&k).expect("listed");
             resolve(&self.counters, &w.cell, Err(why(OpKind::Recv)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::Verdict;
+    use crate::reactor::testing::{cancelled, peer, reactor};
+
+    #[test]
+    fn a_cancelled_read_of_an_offered_message_answers_its_sender_once_the_verdict_is_in() {
+        let mut r = reactor();
+        let (slot, mut told) = peer(&mut r);
+        let cell = OpCell::new();
+        r.rndv.pulling.insert(cell_key(&cell), Pulling { slot, token: 42, _cell: cell.clone() });
+        // The read came back cancelled (tcp;ofi_rxm dropped the connection): its target is
+        // asked, and the receive waits for the answer.
+        r.question(1, slot, OpKind::Recv, WrKind::Read { remote_addr: 0, key: 9 }, 64, &cell);
+        let Ok(Ctl::Check { token, key: 9, write: false, .. }) = told.try_recv() else {
+            panic!("the sender should be asked about its key");
+        };
+        r.settle(&cell, Err(cancelled()));
+        assert!(cell.outcome().is_none(), "the receive waits for the verdict");
+
+        r.on_audit(slot, Ctl::Verdict { token, verdict: Verdict::Allowed });
+
+        assert_eq!(told.try_recv().ok(), Some(Ctl::Done { token: 42, outcome: Pulled::Failed }));
+        assert!(matches!(cell.outcome(), Some(Err(_))), "the receive fails");
+        assert!(r.rndv.pulling.is_empty() && r.rndv.idle());
+    }
+
+    #[test]
+    fn a_second_marker_under_one_token_drops_the_peer_and_fails_both_receives() {
+        let mut r = reactor();
+        let (slot, mut told) = peer(&mut r);
+        let seg = LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 };
+        let (first, second) = (OpCell::new(), OpCell::new());
+        r.marker_arrived(slot, 5, first.clone(), seg);
+        assert!(first.outcome().is_none(), "a marker waits for its offer");
+        r.marker_arrived(slot, 5, second.clone(), seg);
+        assert!(matches!(first.outcome(), Some(Err(Error::PeerLost { .. }))));
+        assert!(matches!(second.outcome(), Some(Err(Error::PeerLost { .. }))));
+        assert!(r.peers[slot].lost.as_deref().is_some_and(|w| w.contains("token 5")));
+        assert!(matches!(told.try_recv(), Ok(Ctl::Goodbye { reason }) if reason.contains("token 5")));
+    }
+
+    #[test]
+    fn a_marker_whose_offer_never_comes_drops_the_peer() {
+        let mut r = reactor();
+        let (slot, mut told) = peer(&mut r);
+        let seg = LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 };
+        let cell = OpCell::new();
+        r.marker_arrived(slot, 3, cell.clone(), seg);
+        r.expire_markers();
+        assert!(cell.outcome().is_none(), "an offer may trail its marker a while");
+        r.rndv.waiting.get_mut(&(slot, 3)).unwrap().since -= OFFER_WAIT;
+        r.expire_markers();
+        assert!(matches!(cell.outcome(), Some(Err(Error::PeerLost { .. }))));
+        assert!(matches!(told.try_recv(), Ok(Ctl::Goodbye { reason }) if reason.contains("did not come")));
     }
 }
