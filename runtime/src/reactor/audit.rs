@@ -13,8 +13,9 @@
 //! provider drops the connection itself).
 //!
 //! Answers are rationed: a peer may ask `MAX_CHECKS_PER_SEC` questions a second and have
-//! `MAX_REFUSED` answered with a refusal before it is lost, so it can neither probe for keys
-//! nor fill our outbox.
+//! `MAX_REFUSED` answered with a refusal a minute before it is dropped, so it can neither probe
+//! for keys nor fill our outbox; we ask at most half that ration, and give up on a question
+//! after `VERDICT_WAIT`.
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
