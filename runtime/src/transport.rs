@@ -236,6 +236,13 @@ pub trait Transport: Send {
     /// Drive progress and append up to `max` completions to `out`; returns how many.
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize;
 
+    /// Whether peers' one-sided ops on our memory were served since the last call, on a
+    /// transport whose progress serves them (shm's checked path): they raise no completion, so
+    /// this is how an idle reactor learns it has a peer to keep polling for. False by default.
+    fn remote_served(&mut self) -> bool {
+        false
+    }
+
     /// Sleep until completions may be ready, a [`Notify`] fires, or `timeout` passes.
     fn wait(&mut self, timeout: Duration);
 

@@ -46,6 +46,8 @@ struct Rail {
     fabric: *mut ffi::fid_fabric,
     domain: *mut ffi::fid_domain,
     av: *mut ffi::fid_av,
+    /// Counts peers' one-sided ops the rail's endpoints served (checked shm only; else null).
+    served: *mut ffi::fid_cntr,
 }
 
 /// A registration: one libfabric MR per rail, with its local descriptor.
@@ -72,6 +74,8 @@ pub struct FabricTransport {
     ctxs: Vec<Box<Ctx>>,
     efd: Arc<EventFd>,
     entries: Vec<ffi::fi_cq_data_entry>,
+    /// The rails' `served` counts at the last look.
+    served_seen: u64,
 }
 
 // SAFETY: the fid pointers are only used by whoever owns the transport, one thread at a time
@@ -150,6 +154,9 @@ impl FabricTransport {
     ) -> Result<FabricTransport> {
         // shm checks one-sided ops at the target unless local peers are trusted (`info`).
         let checked_shm = prov == "shm" && !trust_local;
+        if prov == "shm" {
+            crate::shm_files::remove_leftovers();
+        }
         let nrails = infos.len();
         let mut t = FabricTransport {
             rails: Vec::with_capacity(nrails),
@@ -179,6 +186,7 @@ impl FabricTransport {
                 source: e,
             })?),
             entries: vec![ffi::fi_cq_data_entry::default(); CQ_BATCH],
+            served_seen: 0,
         };
         for (r, list) in infos.into_iter().enumerate() {
             // efa lists one entry per NIC: rail r takes the r-th (all rails of one device
@@ -197,8 +205,13 @@ impl FabricTransport {
                     info = next;
                 }
             }
-            let mut rail =
-                Rail { info: list, fabric: ptr::null_mut(), domain: ptr::null_mut(), av: ptr::null_mut() };
+            let mut rail = Rail {
+                info: list,
+                fabric: ptr::null_mut(),
+                domain: ptr::null_mut(),
+                av: ptr::null_mut(),
+                served: ptr::null_mut(),
+            };
             // SAFETY: `info` is an entry of the list fi_getinfo returned, kept alive in
             // `rail.info`; every out-pointer is a field of `rail`, closed in Drop.
             let opened = unsafe {
@@ -239,6 +252,21 @@ impl FabricTransport {
                             ffi::fi_av_open(rail.domain, &mut av_attr, &mut rail.av, ptr::null_mut()),
                             prov,
                             "fi_av_open",
+                        )
+                    })
+                    .and_then(|_| {
+                        if !checked_shm || i.caps & ffi::FI_RMA_EVENT == 0 {
+                            return Ok(());
+                        }
+                        let mut attr = ffi::fi_cntr_attr {
+                            events: ffi::fi_cntr_events_FI_CNTR_EVENTS_COMP,
+                            wait_obj: ffi::fi_wait_obj_FI_WAIT_NONE,
+                            ..Default::default()
+                        };
+                        check(
+                            ffi::fi_cntr_open(rail.domain, &mut attr, &mut rail.served, ptr::null_mut()),
+                            prov,
+                            "fi_cntr_open",
                         )
                     })
             };
@@ -364,6 +392,7 @@ impl Transport for FabricTransport {
         }
         let (cq, fd) = self.open_cq(rail, self.wait_fd)?;
         let (domain, av, info) = (self.rails[rail].domain, self.rails[rail].av, self.rails[rail].info.0);
+        let served = self.rails[rail].served;
         let mut ep: *mut ffi::fid_ep = ptr::null_mut();
         let prov = self.caps.provider.clone();
         let step = |r: i32, what: &str| if r == 0 { Ok(()) } else { Err(terr(&prov, r, what)) };
@@ -375,6 +404,13 @@ impl Transport for FabricTransport {
                 .and_then(|_| {
                     let flags = (ffi::FI_TRANSMIT | ffi::FI_RECV) as u64;
                     step(ffi::fi_ep_bind(ep, &mut (*cq).fid, flags), "fi_ep_bind(cq)")
+                })
+                .and_then(|_| match served.is_null() {
+                    true => Ok(()),
+                    false => {
+                        let flags = (ffi::FI_REMOTE_WRITE | ffi::FI_REMOTE_READ) as u64;
+                        step(ffi::fi_ep_bind(ep, &mut (*served).fid, flags), "fi_ep_bind(cntr)")
+                    }
                 })
                 .and_then(|_| step(ffi::fi_enable(ep), "fi_enable"))
         };
@@ -646,6 +682,20 @@ impl Transport for FabricTransport {
         out.len() - before
     }
 
+    fn remote_served(&mut self) -> bool {
+        let mut total = 0u64;
+        for rail in &self.rails {
+            if !rail.served.is_null() {
+                // SAFETY: reading a counter we opened; the endpoints' progress (in `poll`)
+                // advances it.
+                total = total.wrapping_add(unsafe { ffi::fi_cntr_read(rail.served) });
+            }
+        }
+        let changed = total != self.served_seen;
+        self.served_seen = total;
+        changed
+    }
+
     fn wait(&mut self, timeout: Duration) {
         let mut fds = Vec::with_capacity(self.lanes.len());
         let mut by_rail: Vec<Vec<*mut ffi::fid>> = vec![Vec::new(); self.rails.len()];
@@ -731,6 +781,9 @@ impl Drop for FabricTransport {
                 }
             }
             for rail in &self.rails {
+                if !rail.served.is_null() {
+                    ffi::fi_close(&mut (*rail.served).fid);
+                }
                 if !rail.av.is_null() {
                     ffi::fi_close(&mut (*rail.av).fid);
                 }

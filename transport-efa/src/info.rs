@@ -65,6 +65,9 @@ pub(crate) fn getinfo(prov: &str, node: Option<&str>, trust_local: bool) -> Resu
             // ordering routes every one-sided op through the target, which checks all three.
             (*h.tx_attr).msg_order =
                 (ffi::FI_ORDER_RAR | ffi::FI_ORDER_RAW | ffi::FI_ORDER_WAR | ffi::FI_ORDER_WAW) as u64;
+            // The target's progress then serves peers' one-sided ops: a counter of them tells
+            // its reactor there is traffic to keep polling for (`Transport::remote_served`).
+            h.caps |= ffi::FI_RMA_EVENT;
         }
         (*h.fabric_attr).prov_name = libc::strdup(prov_c.as_ptr());
     }
@@ -75,7 +78,15 @@ pub(crate) fn getinfo(prov: &str, node: Option<&str>, trust_local: bool) -> Resu
     };
     let mut out: *mut ffi::fi_info = ptr::null_mut();
     // SAFETY: valid hints, out-pointer, and C strings that outlive the call.
-    let ret = unsafe { ffi::fi_getinfo(API_VERSION, node_p, ptr::null(), flags, hints.0, &mut out) };
+    let mut ret = unsafe { ffi::fi_getinfo(API_VERSION, node_p, ptr::null(), flags, hints.0, &mut out) };
+    // SAFETY: hints is valid; reading and clearing a bit of its caps.
+    if ret == -(ffi::FI_ENODATA as i32) && unsafe { (*hints.0).caps } & ffi::FI_RMA_EVENT != 0 {
+        // A provider without the counter still checks; its idle reactor then naps between ops.
+        // SAFETY: hints is valid; clearing a bit of its caps.
+        unsafe { (*hints.0).caps &= !ffi::FI_RMA_EVENT };
+        // SAFETY: as above.
+        ret = unsafe { ffi::fi_getinfo(API_VERSION, node_p, ptr::null(), flags, hints.0, &mut out) };
+    }
     if ret != 0 {
         return Err(ret);
     }

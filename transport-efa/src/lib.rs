@@ -15,6 +15,7 @@ pub mod fabric;
 pub mod ffi;
 mod info;
 pub mod raw;
+mod shm_files;
 mod util;
 
 pub use fabric::FabricTransport;

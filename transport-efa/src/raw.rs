@@ -151,6 +151,12 @@ impl RawEngine {
     pub fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
         self.t.poll(out, max)
     }
+
+    /// Whether peers' one-sided ops on this engine's memory were served since the last call
+    /// (see `Transport::remote_served`).
+    pub fn remote_served(&mut self) -> bool {
+        self.t.remote_served()
+    }
 }
 
 fn bad(why: &str) -> PostError {

@@ -68,8 +68,9 @@ const MAX_REFUSED: u32 = 64;
 const MAX_ASKED_PER_SEC: u32 = MAX_CHECKS_PER_SEC / 2;
 
 /// The longest nap of an idle reactor whose memory peers reach through the target's checks:
-/// its progress is what serves their one-sided ops.
-const SERVING_NAP: Duration = Duration::from_millis(1);
+/// its progress is what serves their one-sided ops. It delays only the first op after a quiet
+/// spell: one served keeps the reactor polling (`Reactor::peers_served`).
+const SERVING_NAP: Duration = Duration::from_millis(2);
 
 #[derive(Default)]
 pub(super) struct Audit {

@@ -284,6 +284,12 @@ impl Reactor {
         TransportError { provider: self.t.caps().provider.clone(), errno: 0, text: text.into(), class }
     }
 
+    /// Peers' one-sided ops on our memory were served since the last look, on a transport
+    /// whose progress serves them without a completion (shm's checked path).
+    pub(crate) fn peers_served(&mut self) -> bool {
+        self.silent_refusals && self.t.remote_served()
+    }
+
     /// Ops are posted or queued that will complete without the peer's help.
     pub(crate) fn busy(&self) -> bool {
         self.active > 0 || !self.sched.is_empty() || !self.direct.is_empty()

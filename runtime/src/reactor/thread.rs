@@ -67,6 +67,15 @@ pub(crate) fn spawn(
                 std::hint::spin_loop();
                 continue;
             }
+            // Peers' one-sided ops served meanwhile count as work: shm's checked path serves
+            // them in our progress and raises no completion, so without this look a stream of
+            // them would wait out a nap each. Looked at once a spin window, not every turn:
+            // the look is a progress call of its own.
+            if reactor.peers_served() {
+                last_work = Instant::now();
+                nap = NAP_MIN;
+                continue;
+            }
             // Announce the sleep, then look once more: a submitter either sees the flag and
             // notifies, or its command is already in the queue for this turn.
             idle.sleeping.store(true, Ordering::SeqCst);
