@@ -12,6 +12,7 @@ const DONE: u8 = 0x44;
 const CHECK: u8 = 0x43;
 const VERDICT: u8 = 0x56;
 const GOODBYE: u8 = 0x47;
+const WITHDRAWN: u8 = 0x57;
 
 /// The longest reason a goodbye carries; longer ones are cut.
 pub(crate) const MAX_REASON: usize = 256;
@@ -29,6 +30,12 @@ pub(crate) enum Ctl {
         token: u32,
         /// Where the message is.
         desc: RemoteBuf,
+    },
+    /// The sender's marker for offer `token` failed (its send failed): no marker will come,
+    /// so the receiver forgets the offer.
+    Withdrawn {
+        /// The offer's token.
+        token: u32,
     },
     /// The receiver is done with the offer `token`: the sender may have its buffer back.
     Done {
@@ -115,6 +122,11 @@ impl Ctl {
                 out.extend_from_slice(&token.to_le_bytes());
                 out.extend_from_slice(&(d.len() as u16).to_le_bytes());
                 out.extend_from_slice(&d);
+                out
+            }
+            Ctl::Withdrawn { token } => {
+                let mut out = vec![WITHDRAWN];
+                out.extend_from_slice(&token.to_le_bytes());
                 out
             }
             Ctl::Done { token, outcome } => {
@@ -208,6 +220,7 @@ impl Ctl {
                     v => Err(format!("verdict {token} of {v}")),
                 }
             }
+            WITHDRAWN => Ok(Ctl::Withdrawn { token: rd.read_u32_le().await? }),
             GOODBYE => {
                 let n = rd.read_u16_le().await? as usize;
                 if n > MAX_REASON {
@@ -260,6 +273,7 @@ mod tests {
             let msgs = vec![
                 Ctl::Heartbeat,
                 offer(token, len, &keys),
+                Ctl::Withdrawn { token },
                 Ctl::Done { token, outcome: Pulled::Whole },
                 Ctl::Done { token, outcome: Pulled::TooSmall(small) },
                 Ctl::Done { token, outcome: Pulled::Failed },

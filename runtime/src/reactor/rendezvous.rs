@@ -167,7 +167,13 @@ impl Reactor {
                     self.finish_send(token, Ok(answer));
                 }
             }
-            Err(e) => self.finish_send(token, Err(e)),
+            Err(e) => {
+                // No marker will come: the peer forgets the offer (else it keeps it until we
+                // are lost, counting against our offers there).
+                let slot = out.slot;
+                self.tell(slot, Ctl::Withdrawn { token });
+                self.finish_send(token, Err(e));
+            }
         }
     }
 
@@ -266,6 +272,20 @@ impl Reactor {
                     self.rndv.offers.insert((slot, token), desc);
                 }
             },
+            Ctl::Withdrawn { token } => {
+                self.rndv.offers.remove(&(slot, token));
+                // The marker arrived although the sender saw its post fail: the message is
+                // gone all the same.
+                if let Some(w) = self.rndv.waiting.remove(&(slot, token)) {
+                    let peer = self.peers[slot].label.clone();
+                    let source = self.local_error(FailureClass::Other, "the sender withdrew the message");
+                    resolve(
+                        &self.counters,
+                        &w.cell,
+                        Err(Error::Transport { op: OpKind::Recv, peer, source }),
+                    );
+                }
+            }
             Ctl::Done { token, outcome } => {
                 let Some(out) = self.rndv.outgoing.get_mut(&token).filter(|o| o.slot == slot) else {
                     tracing::debug!(token, "answer to no offer of ours ignored");
@@ -399,5 +419,41 @@ mod tests {
         r.expire_markers();
         assert!(matches!(cell.outcome(), Some(Err(Error::PeerLost { .. }))));
         assert!(matches!(told.try_recv(), Ok(Ctl::Goodbye { reason }) if reason.contains("did not come")));
+    }
+
+    #[test]
+    fn a_withdrawn_offer_is_forgotten_and_a_receive_waiting_on_it_fails() {
+        let mut r = reactor();
+        let (slot, _told) = peer(&mut r);
+        let id = r.peers[slot].id;
+        let desc = RemoteBuf::new(0, 4096, 64, &[1], Access::READ);
+        r.on_control(slot, id, Ctl::Offer { token: 8, desc });
+        assert_eq!(r.rndv.offers.len(), 1);
+        r.on_control(slot, id, Ctl::Withdrawn { token: 8 });
+        assert!(r.rndv.offers.is_empty(), "the offer is forgotten");
+
+        let seg = LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 };
+        let cell = OpCell::new();
+        r.marker_arrived(slot, 9, cell.clone(), seg);
+        r.on_control(slot, id, Ctl::Withdrawn { token: 9 });
+        match cell.outcome() {
+            Some(Err(Error::Transport { source, .. })) => assert!(source.text.contains("withdrew")),
+            other => panic!("the receive should fail, got {other:?}"),
+        }
+        assert!(r.rndv.waiting.is_empty() && r.peers[slot].lost.is_none());
+    }
+
+    #[test]
+    fn a_failed_marker_withdraws_its_offer_and_fails_the_send() {
+        let mut r = reactor();
+        let (slot, mut told) = peer(&mut r);
+        let cell = OpCell::new();
+        r.rndv.markers.insert(cell_key(&cell), 4);
+        let out = Outgoing { slot, cell: cell.clone(), mr: 1, len: 1 << 20, marked: false, answer: None };
+        r.rndv.outgoing.insert(4, out);
+        r.settle(&cell, Err(cancelled()));
+        assert_eq!(told.try_recv().ok(), Some(Ctl::Withdrawn { token: 4 }));
+        assert!(matches!(cell.outcome(), Some(Err(_))));
+        assert!(r.rndv.outgoing.is_empty() && r.rndv.idle());
     }
 }
