@@ -272,7 +272,12 @@ impl Builder {
             let node = caps.rail_numa.first().copied().flatten()?;
             crate::topology::reactor_core_for(node)
         });
-        let reactor = Reactor::new(transport, rx, imm.clone(), counters.clone(), idle.clone(), sched);
+        let peer_timeout = std::env::var("RDMALANE_PEER_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(self.peer_timeout, |ms: u64| Duration::from_millis(ms.max(30)));
+        let mut reactor = Reactor::new(transport, rx, imm.clone(), counters.clone(), idle.clone(), sched);
+        reactor.set_peer_timeout(peer_timeout);
         let (inline, thread) = match self.driver {
             Driver::Inline => (Some(Mutex::new(reactor)), None),
             Driver::Thread => {
@@ -312,10 +317,7 @@ impl Builder {
                         .unwrap_or(1 << 30)
                 })),
                 connect_timeout: self.connect_timeout,
-                peer_timeout: std::env::var("RDMALANE_PEER_TIMEOUT_MS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .map_or(self.peer_timeout, |ms: u64| Duration::from_millis(ms.max(30))),
+                peer_timeout,
                 secret: self
                     .secret
                     .or_else(|| std::env::var("RDMALANE_SECRET").ok().map(String::into_bytes))

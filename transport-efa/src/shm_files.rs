@@ -4,7 +4,9 @@
 //! closed its endpoints leaves its files behind, and the owner it names is its pid, so a later
 //! process that is handed the same pid finds "itself" alive there and cannot open endpoints.
 //! Before this process opens its first shm endpoint, any file named with its own pid is such a
-//! leftover: it is removed.
+//! leftover: it is removed. This assumes what shm itself assumes (its names and its liveness
+//! checks are pids): that the processes sharing `/dev/shm` share a pid namespace, and that no
+//! other library in this process opened shm endpoints before rdmalane's first.
 use std::sync::Once;
 
 /// Remove leftover shm files named with this process's pid, once per process, before its

@@ -12,10 +12,10 @@
 //! lanes is what makes sure the provider touches the op's memory no more (as on tcp, whose
 //! provider drops the connection itself).
 //!
-//! Answers are rationed: a peer may ask `MAX_CHECKS_PER_SEC` questions a second and have
-//! `MAX_REFUSED` answered with a refusal a minute before it is dropped, so it can neither probe
-//! for keys nor fill our outbox; we ask at most half that ration, and give up on a question
-//! after `VERDICT_WAIT`.
+//! Answers are rationed: a peer gets `MAX_CHECKS_PER_SEC` answers a second (more questions go
+//! unanswered) and `MAX_REFUSED` refusals a minute (more, and it is dropped), so it can neither
+//! probe for keys nor fill our outbox. We ask at most half that ration, and give up on a
+//! question after the reactor's patience.
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,11 +51,6 @@ struct Asking {
 /// How long a one-sided op may stay silent before its target is asked about it.
 const SILENT_AFTER: Duration = Duration::from_secs(1);
 
-/// How long an answer may take. A live runtime answers in well under a millisecond; a dead one
-/// is noticed by its heartbeats (`peer_timeout`). This bounds the wait on a peer that beats
-/// but does not answer: its op then fails with the provider's own error.
-const VERDICT_WAIT: Duration = Duration::from_secs(10);
-
 /// Questions a peer may ask per second.
 const MAX_CHECKS_PER_SEC: u32 = 1024;
 
@@ -63,8 +58,8 @@ const MAX_CHECKS_PER_SEC: u32 = 1024;
 const MAX_REFUSED: u32 = 64;
 
 /// Questions we ask one peer per second: half what it answers, so that a burst of cancelled
-/// ops (a dropped connection cancels every op on it) never makes an honest initiator look
-/// like a prober. Ops beyond it keep the provider's own error.
+/// ops (a dropped connection cancels every op on it) stays within its ration even when its
+/// windows and ours do not line up. Ops beyond it keep the provider's own error.
 const MAX_ASKED_PER_SEC: u32 = MAX_CHECKS_PER_SEC / 2;
 
 /// The longest nap of an idle reactor whose memory peers reach through the target's checks:
@@ -289,13 +284,18 @@ impl Reactor {
                     return;
                 };
                 let verdict = self.audit.judge(key, addr, len, write);
-                let asked_ok = within(&mut p.checks, Duration::from_secs(1), MAX_CHECKS_PER_SEC);
-                let refused_ok = verdict.refusal().is_none()
-                    || within(&mut p.refused, Duration::from_secs(60), MAX_REFUSED);
-                if !asked_ok || !refused_ok {
+                // Over the ration, a question goes unanswered (the asker's op keeps its own
+                // error once it gives up): a burst of honest questions, all the ops a dropped
+                // connection cancelled, costs nothing more. Refusals are what probing for keys
+                // looks like: too many, and the peer is dropped.
+                if !within(&mut p.checks, Duration::from_secs(1), MAX_CHECKS_PER_SEC) {
+                    return;
+                }
+                if verdict.refusal().is_some()
+                    && !within(&mut p.refused, Duration::from_secs(60), MAX_REFUSED)
+                {
                     let why = format!(
-                        "it asked about our memory more than {MAX_CHECKS_PER_SEC} times a second or \
-                         was refused more than {MAX_REFUSED} times a minute"
+                        "it was refused more than {MAX_REFUSED} times a minute asking about our memory"
                     );
                     self.drop_peer(slot, why);
                     return;
@@ -334,15 +334,18 @@ impl Reactor {
         }
     }
 
-    /// Questions out longer than `VERDICT_WAIT` get no answer any more: an op waiting on one
-    /// fails with its own error, and an op still in flight may be asked about again.
+    /// Questions out longer than the reactor's patience get no answer any more. A live runtime
+    /// answers in well under a millisecond and a dead one is noticed by its heartbeats, so
+    /// this bounds the wait on a peer that beats but does not answer (or is over its ration):
+    /// an op waiting on one fails with its own error, and an op still in flight may be asked
+    /// about again.
     pub(super) fn expire_questions(&mut self) {
         let now = Instant::now();
         let late: Vec<usize> = self
             .audit
             .asking
             .iter()
-            .filter(|(_, a)| a.verdict.is_none() && now.duration_since(a.asked) >= VERDICT_WAIT)
+            .filter(|(_, a)| a.verdict.is_none() && now.duration_since(a.asked) >= self.patience)
             .map(|(k, _)| *k)
             .collect();
         for k in late {
@@ -351,7 +354,7 @@ impl Reactor {
             let cell = a.cell.clone();
             self.forget(k);
             if let Some(e) = parked {
-                let note = format!("the peer did not say why within {} s", VERDICT_WAIT.as_secs());
+                let note = format!("the peer did not say why within {} s", self.patience.as_secs());
                 self.settle_audited(&cell, Err(unexplained(e, &note)));
             }
         }
@@ -425,7 +428,7 @@ mod tests {
     #[test]
     fn a_question_nobody_answers_fails_its_op_with_its_own_error_in_time() {
         let mut r = reactor();
-        let old = Instant::now() - VERDICT_WAIT - Duration::from_millis(1);
+        let old = Instant::now() - r.patience - Duration::from_millis(1);
         let (late, fresh, flying) = (OpCell::new(), OpCell::new(), OpCell::new());
         ask(&mut r, &late, 1, old, Some(cancelled()));
         ask(&mut r, &fresh, 2, Instant::now(), Some(cancelled()));

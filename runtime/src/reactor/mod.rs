@@ -143,7 +143,14 @@ pub(crate) struct Reactor {
     silent_refusals: bool,
     /// Shutting down: nothing new is started.
     closing: bool,
+    /// How long a peer's answer on the control connection may take (a verdict, the offer that
+    /// follows a marker) before we give up on it: `PATIENCE_MIN`, or twice the peer timeout
+    /// where that is longer (each control write may take up to a peer timeout).
+    patience: Duration,
 }
+
+/// The least patience with a peer's answers.
+const PATIENCE_MIN: Duration = Duration::from_secs(10);
 
 /// An op's cell by address: names the op in the side tables (rendezvous, audit), which hold
 /// the cell while they name it, so the address is not reused meanwhile.
@@ -240,6 +247,7 @@ impl Reactor {
             turns: 0,
             silent_refusals: t.caps().silent_refusals,
             closing: false,
+            patience: PATIENCE_MIN,
             counters,
             idle,
             t,
@@ -282,6 +290,12 @@ impl Reactor {
     /// A failure the runtime reports itself, in the provider's name (no errno).
     fn local_error(&self, class: crate::error::FailureClass, text: impl Into<String>) -> TransportError {
         TransportError { provider: self.t.caps().provider.clone(), errno: 0, text: text.into(), class }
+    }
+
+    /// Peers are lost after `t` without a heartbeat: wait for their answers at least twice
+    /// that.
+    pub(crate) fn set_peer_timeout(&mut self, t: Duration) {
+        self.patience = t.saturating_mul(2).max(PATIENCE_MIN);
     }
 
     /// Peers' one-sided ops on our memory were served since the last look, on a transport

@@ -13,7 +13,7 @@
 //! exposed buffer stays alive (in the cell) until the access is gone.
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{cell_key, resolve, Reactor};
 use crate::control::{Ctl, Pulled};
@@ -48,11 +48,6 @@ struct Waiting {
     /// When the marker came.
     since: Instant,
 }
-
-/// How long a marker may wait for its offer. The sender tells the offer before it posts the
-/// marker, so the offer trails by a control-connection hop at most; a peer whose offer does
-/// not come has broken the protocol.
-const OFFER_WAIT: Duration = Duration::from_secs(10);
 
 /// A receive reading an offered message.
 struct Pulling {
@@ -228,14 +223,16 @@ impl Reactor {
         }
     }
 
-    /// Markers are waiting for their offers: give up on a peer whose offer is overdue.
+    /// Markers are waiting for their offers: give up on a peer whose offer is overdue. The
+    /// sender tells the offer before it posts the marker, so the offer trails by a control
+    /// hop at most; one later than the reactor's patience means a broken peer.
     pub(super) fn expire_markers(&mut self) {
         let now = Instant::now();
         let mut late: Vec<(usize, u32)> = self
             .rndv
             .waiting
             .iter()
-            .filter(|(_, w)| now.duration_since(w.since) >= OFFER_WAIT)
+            .filter(|(_, w)| now.duration_since(w.since) >= self.patience)
             .map(|(k, _)| *k)
             .collect();
         late.sort_unstable();
@@ -243,7 +240,7 @@ impl Reactor {
         for (slot, token) in late {
             let why = format!(
                 "its offer for rendezvous token {token} did not come within {} s",
-                OFFER_WAIT.as_secs()
+                self.patience.as_secs()
             );
             self.drop_peer(slot, why);
         }
@@ -415,7 +412,7 @@ mod tests {
         r.marker_arrived(slot, 3, cell.clone(), seg);
         r.expire_markers();
         assert!(cell.outcome().is_none(), "an offer may trail its marker a while");
-        r.rndv.waiting.get_mut(&(slot, 3)).unwrap().since -= OFFER_WAIT;
+        r.rndv.waiting.get_mut(&(slot, 3)).unwrap().since -= r.patience;
         r.expire_markers();
         assert!(matches!(cell.outcome(), Some(Err(Error::PeerLost { .. }))));
         assert!(matches!(told.try_recv(), Ok(Ctl::Goodbye { reason }) if reason.contains("did not come")));
