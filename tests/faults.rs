@@ -34,6 +34,8 @@ enum Forgery {
     ReadWriteOnly,
     /// Reads past the end of the exposed region (length forged).
     ReadPastTheEnd,
+    /// A write split into chunks, the last of which runs past the end (length forged).
+    SplitPastTheEnd,
 }
 
 /// Try one forgery on a fresh connection: the op must fail and the target's memory must not
@@ -46,7 +48,9 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
         Forgery::ReadWriteOnly => Access::WRITE,
         _ => Access::READ_WRITE,
     };
-    let region = b.expose(b.alloc(8192).unwrap(), access).unwrap();
+    // The split forgery's region holds its first chunks (64 KiB each): only the last is out.
+    let size = if matches!(f, Forgery::SplitPastTheEnd) { 256 << 10 } else { 8192 };
+    let region = b.expose(b.alloc(size).unwrap(), access).unwrap();
     let d = share(&ba, &ab, region.descriptor()).await;
     let target = match f {
         Forgery::WriteReadOnly => forge(d, None, None, Some(0b11)).slice(0..64).unwrap(),
@@ -58,6 +62,7 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
         Forgery::Revoked => d.slice(0..64).unwrap(),
         Forgery::ReadWriteOnly => forge(d, None, None, Some(0b11)).slice(0..64).unwrap(),
         Forgery::ReadPastTheEnd => forge(d, Some(1 << 30), None, None).slice(8192..8192 + 4096).unwrap(),
+        Forgery::SplitPastTheEnd => forge(d, Some(1 << 30), None, None).slice(0..(320 << 10)).unwrap(),
     };
     let (kept, region) = if matches!(f, Forgery::Revoked) {
         (Some(region.revoke().unwrap()), None)
@@ -75,8 +80,10 @@ async fn attempt(p: &str, f: Forgery) -> Result<(), String> {
     };
     // Neither the revoked buffer nor the exposed region changed (a write past the end would
     // land beyond it, where the target's own state would break instead).
+    // (The split write's valid chunks may land: its region holds zeros or what they wrote.)
+    let landed = if matches!(f, Forgery::SplitPastTheEnd) { 0xAA } else { 0 };
     let untouched = kept.as_ref().is_none_or(|buf| buf.iter().all(|&x| x == 0))
-        && region.as_ref().is_none_or(|r| r.as_slice().iter().all(|&x| x == 0));
+        && region.as_ref().is_none_or(|r| r.as_slice().iter().all(|&x| x == 0 || x == landed));
     if let Some(recv) = told {
         match tokio::time::timeout(std::time::Duration::from_secs(10), recv).await {
             Ok((Err(Error::PeerLost { reason, .. }), _)) if reason.contains("gave up on us") => {}
@@ -121,6 +128,7 @@ fn forged_descriptors_are_refused_by_the_provider_and_the_target_keeps_serving()
                 Forgery::Revoked,
                 Forgery::ReadWriteOnly,
                 Forgery::ReadPastTheEnd,
+                Forgery::SplitPastTheEnd,
             ] {
                 attempt(p, f).await.unwrap();
             }

@@ -792,7 +792,14 @@ impl Reactor {
         });
         if let Some(Error::Transport { source, .. }) = &err {
             if source.class == crate::error::FailureClass::Cancelled {
-                self.question(f.id, f.peer, f.op, f.kind, f.len, &f.cell);
+                // A dropped connection cancels every piece of a split op, the valid ones too,
+                // and the op is asked about once: ask about its whole range. (A batch's pieces
+                // are not one range: there, the piece.)
+                let (kind, len) = match f.chunk.and_then(|c| self.held[c.op.0].as_ref()) {
+                    Some(h) if h.req.batch.is_none() => (h.req.kind, h.req.len()),
+                    _ => (f.kind, f.len),
+                };
+                self.question(f.id, f.peer, f.op, kind, len, &f.cell);
             }
         }
         match f.chunk {
