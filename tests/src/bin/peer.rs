@@ -3,7 +3,10 @@
 use rdmalane::Access;
 use rdmalane_conformance::{cmd, decode_cmd, hash, pattern, runtime};
 
-#[tokio::main(flavor = "current_thread")]
+// Two workers: hashing or filling the 64 MiB region blocks the task that does it (seconds in a
+// debug build under the VM's emulated CPU), and the control connection's heartbeats must go on
+// meanwhile on the other, or the test side loses this peer (it did once in CI).
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let provider = std::env::args().nth(1).expect("provider");
     let rt = runtime(&provider);
