@@ -29,7 +29,7 @@ timeout 180 cargo run -q -p rdmalane-examples --example kv_pages -- --provider t
 # path, then on its fast path (trust_local_peers). valgrind runs one thread at a time, and its
 # default lock hands the CPU back to whichever thread asks first, so a spinning reactor can
 # starve the others for minutes (one CI run lost a peer's heartbeats for 120 s); --fair-sched
-# takes turns (about 90 s and 35 s here, against 230 s for the fast path alone without it).
+# takes turns (85-120 s and 35-40 s here, against 230 s for the fast path alone without it).
 for trust in 0 1; do
   RDMALANE_UNDER_VALGRIND=1 RDMALANE_PEER_TIMEOUT_MS=120000 RDMALANE_TRUST_LOCAL_PEERS=$trust \
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="valgrind --fair-sched=yes --error-exitcode=99 -q" \

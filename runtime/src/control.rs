@@ -1,7 +1,8 @@
 //! What travels on a peer's control connection once the handshake is done: heartbeats, the two
 //! halves of a large-message rendezvous, questions about refused one-sided ops, and why a
-//! runtime gave up on its peer. Each message is a kind byte and a fixed or length-limited body; anything else is a protocol violation and ends the connection (the peer
-//! is then lost), so a misbehaving peer can neither make us allocate without bound nor stall us.
+//! runtime gave up on its peer. Each message is a kind byte and a fixed or length-limited body;
+//! anything else is a protocol violation and ends the connection (the peer is then lost), so a
+//! misbehaving peer can neither make us allocate without bound nor stall us.
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::remote::RemoteBuf;
@@ -159,13 +160,10 @@ impl Ctl {
                 out
             }
             Ctl::Goodbye { reason } => {
-                let mut end = reason.len().min(MAX_REASON);
-                while !reason.is_char_boundary(end) {
-                    end -= 1;
-                }
+                let reason = cut_reason(reason);
                 let mut out = vec![GOODBYE];
-                out.extend_from_slice(&(end as u16).to_le_bytes());
-                out.extend_from_slice(&reason.as_bytes()[..end]);
+                out.extend_from_slice(&(reason.len() as u16).to_le_bytes());
+                out.extend_from_slice(reason.as_bytes());
                 out
             }
         }
@@ -235,6 +233,16 @@ impl Ctl {
     }
 }
 
+/// The part of a goodbye's reason that goes on the wire: its first `MAX_REASON` bytes, cut on a
+/// character boundary.
+fn cut_reason(reason: &str) -> &str {
+    let mut end = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
 /// Decode `bytes` as a stream of control messages until it ends or a message is malformed:
 /// the fuzz target and the property tests drive the real decoder through this.
 pub(crate) fn decode_all(mut bytes: &[u8]) -> Result<Vec<Ctl>, String> {
@@ -287,11 +295,10 @@ mod tests {
             let bytes: Vec<u8> = msgs.iter().flat_map(|m| m.encode()).collect();
             let mut expected = msgs;
             // A reason is cut to its first MAX_REASON bytes (on a character boundary).
-            let mut end = reason.len().min(MAX_REASON);
-            while !reason.is_char_boundary(end) {
-                end -= 1;
-            }
-            *expected.last_mut().unwrap() = Ctl::Goodbye { reason: reason[..end].to_string() };
+            let cut = cut_reason(&reason);
+            prop_assert!(cut.len() <= MAX_REASON && reason.starts_with(cut));
+            prop_assert!(reason.len() <= MAX_REASON || cut.len() + 4 > MAX_REASON);
+            *expected.last_mut().unwrap() = Ctl::Goodbye { reason: cut.to_string() };
             prop_assert_eq!(decode_all(&bytes), Ok(expected));
         }
 
