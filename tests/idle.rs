@@ -46,3 +46,46 @@ fn an_idle_connected_runtime_uses_at_most_two_percent_of_a_core() {
         });
     }
 }
+
+/// A reactor asleep on a provider that cannot wake it (shm, no wait object) tells its peers, and
+/// a peer's next op kicks it awake on the control connection rather than waiting out its nap.
+/// Where the provider wakes the reactor itself (tcp's wait fd, verbs' completion channel),
+/// nobody announces sleep and nobody is kicked.
+#[test]
+fn a_peer_asleep_on_a_provider_that_cannot_wake_it_is_kicked_for_our_ops() {
+    for p in providers() {
+        bounded(30, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let target = b.expose(b.alloc(4096).unwrap(), rdmalane::Access::WRITE).unwrap();
+            ba.send_descriptor(&target.descriptor()).await.unwrap();
+            let remote = ab.recv_descriptor().await.unwrap();
+            for round in 0..3u8 {
+                let recv = ba.recv(b.alloc(64).unwrap()).start();
+                // Long enough for both reactors to fall asleep (50 µs of spinning, then naps).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let t0 = Instant::now();
+                let mut src = a.alloc(64).unwrap();
+                src.fill(round + 1);
+                ab.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: write: {e}"));
+                let wrote = t0.elapsed();
+                let mut msg = a.alloc(8).unwrap();
+                msg.fill(round + 10);
+                ab.send(msg).await.0.unwrap_or_else(|e| panic!("{p}: send: {e}"));
+                let (n, got) = recv.await;
+                assert_eq!(n.unwrap(), 8, "{p}: message length");
+                assert!(got[..8].iter().all(|&x| x == round + 10), "{p}: message bytes");
+                assert!(target.as_slice()[..64].iter().all(|&x| x == round + 1), "{p}: written bytes");
+                eprintln!("{p}: round {round}: write to a sleeping peer took {wrote:?}");
+            }
+            let kicks = a.stats().kicks;
+            if b.caps().wait_fd {
+                assert_eq!(kicks, 0, "{p}: the provider wakes the peer's reactor itself, yet it was kicked");
+            } else {
+                // Each round the peer slept (and said so) before our write: a kick each, but the
+                // announcement may still be on its way for a round.
+                assert!(kicks >= 2, "{p}: {kicks} kicks over 3 rounds");
+            }
+        });
+    }
+}

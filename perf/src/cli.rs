@@ -93,6 +93,15 @@ pub enum Engine {
     Raw,
 }
 
+/// Who drives the reactor (`rdmalane::Driver`).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverArg {
+    /// The benchmark thread, busy-polling.
+    Inline,
+    /// A reactor thread, spinning briefly and then sleeping when idle.
+    Thread,
+}
+
 /// What `lat` ping-pongs with.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LatOp {
@@ -144,6 +153,15 @@ pub struct Common {
     /// Local fabric address to bind (tcp across hosts).
     #[arg(long)]
     pub node: Option<String>,
+    /// Who drives the reactor: `inline` (the benchmark thread busy-polls it, as fi_pingpong and
+    /// perftest poll) or `thread` (a reactor thread of its own that sleeps when idle: what an
+    /// application gets by default).
+    #[arg(long, value_enum, default_value_t = DriverArg::Inline)]
+    pub driver: DriverArg,
+    /// lat: pause this many microseconds before each measured ping-pong (sporadic traffic: an
+    /// idle reactor thread may be asleep when the next ping comes).
+    #[arg(long, default_value_t = 0)]
+    pub gap_us: u64,
     /// lat: send (default on libfabric, like fi_pingpong) or write (default on verbs, like
     /// perftest's ib_write_lat, its baseline there). The raw engine uses send unless told.
     #[arg(long, value_enum)]

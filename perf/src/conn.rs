@@ -9,7 +9,7 @@ use rdmalane::transport::PeerAddr;
 use rdmalane::{Driver, Endpoint, Runtime};
 use rdmalane_efa::raw::RawEngine;
 
-use crate::cli::{Common, Engine, LatOp};
+use crate::cli::{Common, DriverArg, Engine, LatOp};
 
 pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
 
@@ -44,6 +44,7 @@ impl ServerChild {
             ])
             .args(["--size", &a.size.to_string(), "--iters", &a.iters.to_string()])
             .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
+            .args(["--driver", if a.driver == DriverArg::Thread { "thread" } else { "inline" }])
             .args(extra)
             .args(a.op.iter().flat_map(|op| ["--op", if *op == LatOp::Write { "write" } else { "send" }]))
             .stdout(Stdio::piped())
@@ -131,7 +132,8 @@ fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
     build_rt_with(a, rdmalane::sched::SchedConfig::default(), 1, 1)
 }
 
-/// A runtime for the benchmarks: the inline driver (the benchmark thread drives the reactor).
+/// A runtime for the benchmarks: by default the inline driver (the benchmark thread drives the
+/// reactor).
 pub fn build_rt_with(
     a: &Common,
     sched: rdmalane::sched::SchedConfig,
@@ -142,7 +144,10 @@ pub fn build_rt_with(
         .backend(rdmalane_verbs::Verbs)
         .backend(rdmalane_efa::Libfabric)
         .provider(&a.provider)
-        .driver(Driver::Inline)
+        .driver(match a.driver {
+            DriverArg::Inline => Driver::Inline,
+            DriverArg::Thread => Driver::Thread,
+        })
         .scheduler(sched)
         .lanes(lanes)
         .rails(rails);

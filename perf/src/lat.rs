@@ -1,5 +1,6 @@
 //! `lat`: send/recv or write ping-pong; one-way latency is half of each round trip, as perftest
 //! and fabtests report it, timed as perftest times it (the CPU's time-stamp counter).
+use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use rdmalane::transport::{Access, Completion, PostError, Posted, WrKind};
@@ -71,9 +72,10 @@ fn rt_side(
     }
     rt.block_on(async {
         if client {
-            pingpong(rt, ep, a.size, a.warmup, &mut Progress::new(false, 0)).await?;
+            pingpong(rt, ep, a.size, a.warmup, Duration::ZERO, &mut Progress::new(false, 0)).await?;
             let mut progress = Progress::new(!a.json, a.iters);
-            let h = pingpong(rt, ep, a.size, a.iters, &mut progress).await?;
+            let gap = Duration::from_micros(a.gap_us);
+            let h = pingpong(rt, ep, a.size, a.iters, gap, &mut progress).await?;
             progress.done();
             if let Some(out) = hist.as_deref_mut() {
                 *out = h;
@@ -270,6 +272,7 @@ pub async fn pingpong(
     ep: &Endpoint,
     size: usize,
     n: usize,
+    gap: Duration,
     progress: &mut Progress,
 ) -> Result<Histogram<u64>, BoxErr> {
     let mut h = Histogram::<u64>::new(3)?;
@@ -278,6 +281,9 @@ pub async fn pingpong(
     let mut spare = Some(rt.alloc(size)?);
     let mut recv = if n > 0 { Some(ep.recv(rt.alloc(size)?).start()) } else { None };
     for i in 0..n {
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
         let t0 = clock.now();
         let (res, b) = ep.send(s).await;
         res?;

@@ -3,7 +3,7 @@
 //! behind the writes; with `fair` it should not, while the stream keeps its throughput.
 use std::cell::Cell;
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use hdrhistogram::Histogram;
@@ -149,16 +149,16 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let cpu = CpuMeter::start();
     let (alone, bulk_alone, mixed, bulk_mixed) = rt.block_on(async {
         let remote = ep.recv_descriptor().await?;
-        pingpong(&rt, &ep, PING, a.warmup, &mut quiet()).await?;
-        let alone = pingpong(&rt, &ep, PING, a.iters, &mut quiet()).await?;
+        pingpong(&rt, &ep, PING, a.warmup, Duration::ZERO, &mut quiet()).await?;
+        let alone = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await?;
         let never = Cell::new(false);
         let until = Instant::now() + std::time::Duration::from_secs_f64(m.secs);
         let bulk_alone = stream(&rt, &ep, &remote, m, 0, &never, Some(until)).await?;
         let stop = Cell::new(false);
         let pings = async {
             // A few unmeasured pings while the stream fills the pipe.
-            pingpong(&rt, &ep, PING, 20, &mut quiet()).await?;
-            let h = pingpong(&rt, &ep, PING, a.iters, &mut quiet()).await;
+            pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await?;
+            let h = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await;
             stop.set(true);
             h
         };

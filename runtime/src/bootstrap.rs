@@ -16,7 +16,8 @@ use crate::runtime::Runtime;
 
 const MAGIC: &[u8; 4] = b"RDLN";
 // 4: the control connection carries framed messages (`control`), not only heartbeat bytes.
-const VERSION: u16 = 4;
+// 5: `Asleep` and `Kick`, so a reactor asleep on shm is woken for its peers' ops.
+const VERSION: u16 = 5;
 const MAX_FIELD: usize = 1024;
 const READY: u8 = 0x52;
 

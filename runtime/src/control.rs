@@ -1,6 +1,6 @@
 //! What travels on a peer's control connection once the handshake is done: heartbeats, the two
-//! halves of a large-message rendezvous, questions about refused one-sided ops, and why a
-//! runtime gave up on its peer. Each message is a kind byte and a fixed or length-limited body;
+//! halves of a large-message rendezvous, questions about refused one-sided ops, why a runtime
+//! gave up on its peer, and wake-ups for a reactor asleep on a provider that cannot wake it. Each message is a kind byte and a fixed or length-limited body;
 //! anything else is a protocol violation and ends the connection (the peer is then lost), so a
 //! misbehaving peer can neither make us allocate without bound nor stall us.
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -14,6 +14,8 @@ const CHECK: u8 = 0x43;
 const VERDICT: u8 = 0x56;
 const GOODBYE: u8 = 0x47;
 const WITHDRAWN: u8 = 0x57;
+const ASLEEP: u8 = 0x53;
+const KICK: u8 = 0x4B;
 
 /// The longest reason a goodbye carries; longer ones are cut.
 pub(crate) const MAX_REASON: usize = 256;
@@ -67,6 +69,12 @@ pub(crate) enum Ctl {
         /// What the peer found.
         verdict: Verdict,
     },
+    /// The sender's reactor is going to sleep, and its provider (shm) cannot wake it for the
+    /// receiver's ops: the receiver kicks it (`Kick`) along with its next op, else that op
+    /// would wait out the sender's nap (up to several milliseconds).
+    Asleep,
+    /// Wake up: an op of the sender's on this peer needs the receiver's progress.
+    Kick,
     /// The sender lost this peer of its own accord (it misbehaved, or refused an op that shm
     /// leaves pending): the connection ends after this, and the receiver loses the sender.
     Goodbye {
@@ -116,6 +124,8 @@ impl Ctl {
     pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
             Ctl::Heartbeat => vec![HEARTBEAT],
+            Ctl::Asleep => vec![ASLEEP],
+            Ctl::Kick => vec![KICK],
             Ctl::Offer { token, desc } => {
                 let d = desc.to_bytes();
                 let mut out = Vec::with_capacity(7 + d.len());
@@ -175,6 +185,8 @@ impl Ctl {
         let kind = rd.read_u8().await?;
         Ok(match kind {
             HEARTBEAT => Ok(Ctl::Heartbeat),
+            ASLEEP => Ok(Ctl::Asleep),
+            KICK => Ok(Ctl::Kick),
             OFFER => {
                 let token = rd.read_u32_le().await?;
                 let n = rd.read_u16_le().await? as usize;
@@ -280,6 +292,8 @@ mod tests {
         ) {
             let msgs = vec![
                 Ctl::Heartbeat,
+                Ctl::Asleep,
+                Ctl::Kick,
                 offer(token, len, &keys),
                 Ctl::Withdrawn { token },
                 Ctl::Done { token, outcome: Pulled::Whole },

@@ -18,6 +18,9 @@ pub struct Stats {
     pub registrations: u64,
     /// Time spent registering memory, in nanoseconds (round trip through the reactor).
     pub registration_ns: u64,
+    /// Peers woken on the control connection for an op of ours: their reactor slept on a
+    /// provider that cannot wake it (shm).
+    pub kicks: u64,
 }
 
 #[derive(Default)]
@@ -35,6 +38,8 @@ pub(crate) struct Counters {
     /// Ops refused on the submitting thread (runtime shut down): counted as submitted and
     /// failed. Written by any thread, so kept apart from the reactor's own counters.
     pub rejected: AtomicU64,
+    /// Sleeping peers kicked awake.
+    pub kicks: AtomicU64,
 }
 
 impl Counters {
@@ -66,6 +71,7 @@ impl Counters {
             withdrawn: l(&self.withdrawn),
             registrations: l(&self.registrations),
             registration_ns: l(&self.registration_ns),
+            kicks: l(&self.kicks),
         }
     }
 }

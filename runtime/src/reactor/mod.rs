@@ -86,6 +86,11 @@ struct Peer {
     refused: (Instant, u32),
     /// Questions we asked it in the current second, and when it began.
     asked: (Instant, u32),
+    /// Its reactor sleeps and its provider cannot wake it (`Ctl::Asleep`): our next op that
+    /// needs its progress kicks it awake on the control connection.
+    asleep: bool,
+    /// We told it that our reactor sleeps, and it has not kicked us since.
+    announced: bool,
 }
 
 impl Peer {
@@ -298,6 +303,33 @@ impl Reactor {
         self.patience = t.saturating_mul(2).max(PATIENCE_MIN);
     }
 
+    /// The reactor thread is about to sleep. A provider without a wait object (shm) cannot wake
+    /// it when a peer's op needs its progress (a message to take in, a one-sided op to check),
+    /// so that op would wait out the nap: tell each peer, which then kicks us on the control
+    /// connection along with its next op. Once per peer until it kicks.
+    pub(crate) fn announce_sleep(&mut self) {
+        if self.t.caps().wait_fd {
+            return;
+        }
+        for (_, p) in self.peers.iter_mut() {
+            if p.lost.is_none() && !p.announced {
+                p.announced = true;
+                // A closed outbox: the peer is being lost anyway.
+                let _ = p.ctl.send(Ctl::Asleep);
+            }
+        }
+    }
+
+    /// An op for the peer in `slot` needs its progress: if its reactor said it sleeps, wake it.
+    fn kick_if_asleep(&mut self, slot: usize) {
+        let Some(p) = self.peers.get_mut(slot) else { return };
+        if p.asleep {
+            p.asleep = false;
+            Counters::add(&self.counters.kicks);
+            let _ = p.ctl.send(Ctl::Kick);
+        }
+    }
+
     /// Peers' one-sided ops on our memory were served since the last look, on a transport
     /// whose progress serves them without a completion (shm's checked path).
     pub(crate) fn peers_served(&mut self) -> bool {
@@ -354,6 +386,7 @@ impl Reactor {
             self.push_direct(req);
             return;
         }
+        self.kick_if_asleep(req.peer);
         let req = if req.seg.len > self.sched.config().max_message
             && matches!(req.kind, WrKind::Send { imm: None })
             && req.batch.is_none()
@@ -476,6 +509,8 @@ impl Reactor {
                         checks: (Instant::now(), 0),
                         refused: (Instant::now(), 0),
                         asked: (Instant::now(), 0),
+                        asleep: false,
+                        announced: false,
                     };
                     self.peers.insert(peer)
                 });

@@ -259,6 +259,9 @@ impl Reactor {
         match msg {
             // Both end at the connection's task, which never hands them on.
             Ctl::Heartbeat | Ctl::Goodbye { .. } => {}
+            Ctl::Asleep => self.peers[slot].asleep = true,
+            // The command that brought it woke us: we may announce our next sleep to it again.
+            Ctl::Kick => self.peers[slot].announced = false,
             Ctl::Check { .. } | Ctl::Verdict { .. } => self.on_audit(slot, msg),
             Ctl::Offer { token, desc } => match self.rndv.waiting.remove(&(slot, token)) {
                 Some(w) => self.pull(slot, token, desc, w.cell, w.seg),

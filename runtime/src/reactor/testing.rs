@@ -94,6 +94,8 @@ pub(super) fn peer(r: &mut Reactor) -> (usize, UnboundedReceiver<Ctl>) {
         checks: (now, 0),
         refused: (now, 0),
         asked: (now, 0),
+        asleep: false,
+        announced: false,
     };
     (r.peers.insert(p), rx)
 }

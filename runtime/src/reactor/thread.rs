@@ -80,6 +80,7 @@ pub(crate) fn spawn(
             // notifies, or its command is already in the queue for this turn.
             idle.sleeping.store(true, Ordering::SeqCst);
             if !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
+                reactor.announce_sleep();
                 let longest = reactor.longest_nap().unwrap_or(policy.max_sleep).min(policy.max_sleep);
                 reactor.transport_mut().wait(nap.min(longest));
                 nap = (nap * 2).min(longest);
