@@ -202,10 +202,11 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
         let client = runtime(main_provider());
         let mut valid = Vec::new();
         valid.extend_from_slice(b"RDLN");
-        valid.extend_from_slice(&2u16.to_le_bytes());
+        valid.extend_from_slice(&rdmalane::PROTOCOL_VERSION.to_le_bytes());
         valid.extend_from_slice(&client.id().to_le_bytes());
         valid.extend_from_slice(&[7u8; 32]);
-        valid.push(0);
+        valid.push(0); // no secret
+        valid.push(1); // one rail
         valid.extend_from_slice(&(client.provider().len() as u16).to_le_bytes());
         valid.extend_from_slice(client.provider().as_bytes());
         valid.push(1);

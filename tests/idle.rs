@@ -3,7 +3,7 @@
 //! threads run beside it.
 use std::time::{Duration, Instant};
 
-use rdmalane_conformance::{bounded, pair, providers, runtime};
+use rdmalane_conformance::{bounded, pair, providers, runtime, share};
 
 /// CPU seconds used so far by each of this process's reactor threads, by thread id.
 fn reactor_cpu() -> std::collections::HashMap<String, f64> {
@@ -58,8 +58,8 @@ fn a_peer_asleep_on_a_provider_that_cannot_wake_it_is_kicked_for_our_ops() {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
             let target = b.expose(b.alloc(4096).unwrap(), rdmalane::Access::WRITE).unwrap();
-            ba.send_descriptor(&target.descriptor()).await.unwrap();
-            let remote = ab.recv_descriptor().await.unwrap();
+            // Both at once: on verbs a send waits for the peer's receive.
+            let remote = share(&ba, &ab, target.descriptor()).await;
             for round in 0..3u8 {
                 let recv = ba.recv(b.alloc(64).unwrap()).start();
                 // Long enough for both reactors to fall asleep (50 µs of spinning, then naps).

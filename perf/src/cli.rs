@@ -153,13 +153,13 @@ pub struct Common {
     /// Local fabric address to bind (tcp across hosts).
     #[arg(long)]
     pub node: Option<String>,
-    /// Who drives the reactor: `inline` (the benchmark thread busy-polls it, as fi_pingpong and
-    /// perftest poll) or `thread` (a reactor thread of its own that sleeps when idle: what an
-    /// application gets by default).
+    /// Who drives the runtime's reactor: `inline` (the benchmark thread busy-polls it, as
+    /// fi_pingpong and perftest poll) or `thread` (a reactor thread of its own that sleeps when
+    /// idle: what an application gets by default). The raw engine is always busy-polled.
     #[arg(long, value_enum, default_value_t = DriverArg::Inline)]
     pub driver: DriverArg,
-    /// lat: pause this many microseconds before each measured ping-pong (sporadic traffic: an
-    /// idle reactor thread may be asleep when the next ping comes).
+    /// lat: pause this many microseconds before each measured round trip, send or write
+    /// (sporadic traffic: an idle reactor thread may be asleep when the next ping comes).
     #[arg(long, default_value_t = 0)]
     pub gap_us: u64,
     /// lat: send (default on libfabric, like fi_pingpong) or write (default on verbs, like

@@ -124,6 +124,9 @@ fn raw_write_side(
     let clock = clock();
     for i in 0..a.warmup + a.iters {
         let seq = (i % 255) as u8 + 1;
+        if client {
+            pause_before(a, i);
+        }
         let t0 = clock.now();
         if !client {
             raw_wait_byte(c, mine, last, seq, spins, &mut comps)?;
@@ -205,6 +208,9 @@ async fn write_side(
     let spins = spins_per_turn(a);
     for i in 0..total {
         let seq = (i % 255) as u8 + 1;
+        if client {
+            pause_before(a, i);
+        }
         let t0 = clock.now();
         if !client {
             wait_byte(&mine, last, seq, spins).await;
@@ -246,6 +252,14 @@ async fn wait_byte(buf: &rdmalane::ExposedBuf<rdmalane::RegisteredBuf>, i: usize
         std::task::Poll::Pending
     })
     .await;
+}
+
+/// `--gap-us`: sleep before measured round `i` (not during warm-up), so that idle reactor
+/// threads may fall asleep in between.
+fn pause_before(a: &Common, i: usize) {
+    if a.gap_us > 0 && i >= a.warmup {
+        std::thread::sleep(Duration::from_micros(a.gap_us));
+    }
 }
 
 /// Looks at the polled byte between two turns of the reactor (or polls of the raw engine) in
@@ -371,6 +385,7 @@ fn raw_side(
     if client {
         let mut recv = if total > 0 { recv_into(c, 0)? } else { None };
         for i in 0..total {
+            pause_before(a, i);
             let t0 = clock.now();
             let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
             let ahead = if i + 1 < total { recv_into(c, i + 1)? } else { None };

@@ -2,7 +2,7 @@
 //! id, provider, endpoint address), insert each other, and keep the socket open as a liveness
 //! signal: when it closes, the peer is lost.
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -12,12 +12,20 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::control::Ctl;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, OpKind, Result};
+use crate::reactor::audit::within;
 use crate::runtime::Runtime;
 
 const MAGIC: &[u8; 4] = b"RDLN";
 // 4: the control connection carries framed messages (`control`), not only heartbeat bytes.
 // 5: `Asleep` and `Kick`, so a reactor asleep on shm is woken for its peers' ops.
-const VERSION: u16 = 5;
+const VERSION: u16 = PROTOCOL_VERSION;
+
+/// The handshake's protocol version: peers of another version are refused at connect.
+pub const PROTOCOL_VERSION: u16 = 5;
+
+/// Wake-ups a peer may send per second (see `watch_peer`): a reactor naps at most once per spin
+/// window after work, and each nap is announced once until the peer kicks it.
+const MAX_WAKEUPS: u32 = 8192;
 const MAX_FIELD: usize = 1024;
 const READY: u8 = 0x52;
 
@@ -393,6 +401,10 @@ fn watch_peer(
             }
         };
         let reader = async {
+            // Wake-ups (`Asleep`, `Kick`) are one byte each and cost us a reactor command and a
+            // wake: a peer's beyond `MAX_WAKEUPS` a second are dropped, which only means an op
+            // may wait out a nap.
+            let mut wakeups = (Instant::now(), 0u32);
             loop {
                 match tokio::time::timeout(timeout, Ctl::read(&mut rd)).await {
                     Err(_) => return format!("no heartbeat for {} ms", timeout.as_millis()),
@@ -405,6 +417,8 @@ fn watch_peer(
                     Ok(Ok(Ok(Ctl::Goodbye { reason }))) => {
                         return format!("the peer gave up on us: {reason}")
                     }
+                    Ok(Ok(Ok(Ctl::Asleep | Ctl::Kick)))
+                        if !within(&mut wakeups, Duration::from_secs(1), MAX_WAKEUPS) => {}
                     Ok(Ok(Ok(msg))) => match weak.upgrade() {
                         Some(rt) => rt.control(slot, peer_id, msg),
                         None => return "runtime gone".to_string(),

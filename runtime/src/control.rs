@@ -1,8 +1,9 @@
 //! What travels on a peer's control connection once the handshake is done: heartbeats, the two
 //! halves of a large-message rendezvous, questions about refused one-sided ops, why a runtime
-//! gave up on its peer, and wake-ups for a reactor asleep on a provider that cannot wake it. Each message is a kind byte and a fixed or length-limited body;
-//! anything else is a protocol violation and ends the connection (the peer is then lost), so a
-//! misbehaving peer can neither make us allocate without bound nor stall us.
+//! gave up on its peer, and wake-ups for a reactor asleep on a provider that cannot wake it.
+//! Each message is a kind byte and a fixed or length-limited body; anything else is a protocol
+//! violation and ends the connection (the peer is then lost), so a misbehaving peer can
+//! neither make us allocate without bound nor stall us.
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::remote::RemoteBuf;
