@@ -2,7 +2,8 @@
 //! id, provider, endpoint address), insert each other, and keep the socket open as a liveness
 //! signal: when it closes, the peer is lost.
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -12,7 +13,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::control::Ctl;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, OpKind, Result};
-use crate::reactor::audit::within;
 use crate::runtime::Runtime;
 
 const MAGIC: &[u8; 4] = b"RDLN";
@@ -23,9 +23,6 @@ const VERSION: u16 = PROTOCOL_VERSION;
 /// The handshake's protocol version: peers of another version are refused at connect.
 pub const PROTOCOL_VERSION: u16 = 5;
 
-/// Wake-ups a peer may send per second (see `watch_peer`): a reactor naps at most once per spin
-/// window after work, and each nap is announced once until the peer kicks it.
-const MAX_WAKEUPS: u32 = 8192;
 const MAX_FIELD: usize = 1024;
 const READY: u8 = 0x52;
 
@@ -370,6 +367,11 @@ fn watch_peer(
         // Both sides send a heartbeat a few times per timeout, so a peer whose host or network
         // went away (no FIN, no RST) is noticed too.
         let beat = timeout / 3;
+        // Wake-ups are one byte each, and each costs the reactor a command and a wake: only
+        // those an honest peer sends are handed on. It announces its sleep once per kick of
+        // ours, and kicks us once per announcement of ours; repeats are dropped.
+        let peer_asleep = AtomicBool::new(false);
+        let we_announced = AtomicBool::new(false);
         let writer = async {
             let mut open = true;
             loop {
@@ -395,16 +397,15 @@ fn watch_peer(
                     Ok(Err(e)) => return format!("control connection: {e}"),
                     Err(_) => return format!("the peer read nothing for {} ms", timeout.as_millis()),
                 }
-                if let Ctl::Goodbye { reason } = msg {
-                    return reason;
+                match msg {
+                    Ctl::Goodbye { reason } => return reason,
+                    Ctl::Kick => peer_asleep.store(false, Ordering::Relaxed),
+                    Ctl::Asleep => we_announced.store(true, Ordering::Relaxed),
+                    _ => {}
                 }
             }
         };
         let reader = async {
-            // Wake-ups (`Asleep`, `Kick`) are one byte each and cost us a reactor command and a
-            // wake: a peer's beyond `MAX_WAKEUPS` a second are dropped, which only means an op
-            // may wait out a nap.
-            let mut wakeups = (Instant::now(), 0u32);
             loop {
                 match tokio::time::timeout(timeout, Ctl::read(&mut rd)).await {
                     Err(_) => return format!("no heartbeat for {} ms", timeout.as_millis()),
@@ -417,8 +418,8 @@ fn watch_peer(
                     Ok(Ok(Ok(Ctl::Goodbye { reason }))) => {
                         return format!("the peer gave up on us: {reason}")
                     }
-                    Ok(Ok(Ok(Ctl::Asleep | Ctl::Kick)))
-                        if !within(&mut wakeups, Duration::from_secs(1), MAX_WAKEUPS) => {}
+                    Ok(Ok(Ok(Ctl::Asleep))) if peer_asleep.swap(true, Ordering::Relaxed) => {}
+                    Ok(Ok(Ok(Ctl::Kick))) if !we_announced.swap(false, Ordering::Relaxed) => {}
                     Ok(Ok(Ok(msg))) => match weak.upgrade() {
                         Some(rt) => rt.control(slot, peer_id, msg),
                         None => return "runtime gone".to_string(),

@@ -12,6 +12,7 @@ use rdmalane::transport::{
 use rdmalane::{Error, OpKind, Result, TransportError};
 use slab::Slab;
 
+use crate::exit_guard::{self, Teardown};
 use crate::ffi;
 use crate::info::{self, InfoList};
 use crate::util::{classify, fi_error, terr};
@@ -158,6 +159,8 @@ impl FabricTransport {
             crate::shm_files::remove_leftovers();
         }
         let nrails = infos.len();
+        // Before the first fabric object: from here on the exit handler must run first.
+        exit_guard::install();
         let mut t = FabricTransport {
             rails: Vec::with_capacity(nrails),
             lanes: Slab::new(),
@@ -463,6 +466,7 @@ impl Transport for FabricTransport {
 
     fn close_lane(&mut self, lane: LaneId) {
         let Some(Lane { ep, cq, addr, rail, .. }) = self.lanes.try_remove(lane) else { return };
+        let Some(_inside) = Teardown::enter() else { return };
         // SAFETY: closing an endpoint we opened, once; libfabric discards what is posted on it.
         // Then its CQ, with whatever completions it still held.
         let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
@@ -550,6 +554,7 @@ impl Transport for FabricTransport {
         let Some(m) = self.mrs.try_remove(id as usize) else {
             return Err(self.err(-(ffi::FI_ENOENT as i64), "deregister: unknown region"));
         };
+        let Some(_inside) = Teardown::enter() else { return Ok(()) };
         let mut res = Ok(());
         for mr in m.fids {
             // SAFETY: closing a registration we opened, once.
@@ -649,6 +654,9 @@ impl Transport for FabricTransport {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        if exit_guard::exiting() {
+            return 0;
+        }
         let before = out.len();
         let mut entries = std::mem::take(&mut self.entries);
         for (_, lane) in self.lanes.iter() {
@@ -683,6 +691,9 @@ impl Transport for FabricTransport {
     }
 
     fn remote_served(&mut self) -> bool {
+        if exit_guard::exiting() {
+            return false;
+        }
         let mut total = 0u64;
         for rail in &self.rails {
             if !rail.served.is_null() {
@@ -697,6 +708,10 @@ impl Transport for FabricTransport {
     }
 
     fn wait(&mut self, timeout: Duration) {
+        if exit_guard::exiting() {
+            std::thread::sleep(timeout.min(Duration::from_millis(1)));
+            return;
+        }
         let mut fds = Vec::with_capacity(self.lanes.len());
         let mut by_rail: Vec<Vec<*mut ffi::fid>> = vec![Vec::new(); self.rails.len()];
         for (_, lane) in self.lanes.iter() {
@@ -769,6 +784,7 @@ fn rma_msg(
 
 impl Drop for FabricTransport {
     fn drop(&mut self) {
+        let Some(_inside) = Teardown::enter() else { return };
         // SAFETY: closing what we opened, endpoints first, each once; null means never opened.
         unsafe {
             for lane in self.lanes.drain() {

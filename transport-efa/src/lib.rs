@@ -11,6 +11,7 @@
 //!     .build()?;
 //! # Ok::<(), rdmalane::Error>(())
 //! ```
+mod exit_guard;
 pub mod fabric;
 pub mod ffi;
 mod info;

@@ -389,7 +389,7 @@ impl Reactor {
 
 /// Count one more event in the window `(start, count)` of length `span`, starting a new
 /// window when it is over; false when the count goes above `max`.
-pub(crate) fn within(w: &mut (Instant, u32), span: Duration, max: u32) -> bool {
+fn within(w: &mut (Instant, u32), span: Duration, max: u32) -> bool {
     let now = Instant::now();
     if now.duration_since(w.0) >= span {
         *w = (now, 0);

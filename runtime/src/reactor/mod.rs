@@ -2,7 +2,7 @@
 //! fair-share scheduler what to post, posts it, polls the completion queue in batches and
 //! completes op cells. One thread drives it at a time: its own pinned thread ([`thread`]) or a
 //! caller of `Runtime::block_on` (inline driver).
-pub(crate) mod audit;
+mod audit;
 pub(crate) mod cmd;
 mod rendezvous;
 #[cfg(test)]
