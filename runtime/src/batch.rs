@@ -203,6 +203,43 @@ impl Layout {
         Ok(Layout { pieces: pieces.list.clone(), starts, groups, cuts, total })
     }
 
+    /// Cut into consecutive runs of work requests, run `i` holding about `bytes[i]` bytes (it
+    /// ends at the first work request boundary at or past its share; the last takes the
+    /// rest). Returns each run's first piece and its layout; `None` for a run left empty.
+    pub(crate) fn split(&self, bytes: &[usize]) -> Vec<Option<(usize, Layout)>> {
+        let mut out = Vec::with_capacity(bytes.len());
+        let (mut g, mut target) = (0usize, 0usize);
+        let last = bytes.iter().rposition(|&b| b > 0);
+        for (k, &b) in bytes.iter().enumerate() {
+            target += b;
+            let from = g;
+            while g < self.groups.len() && (Some(k) == last || (b > 0 && self.groups[g].start < target)) {
+                g += 1;
+            }
+            out.push((g > from).then(|| self.run(from, g)));
+        }
+        out
+    }
+
+    /// The work request groups `[from, to)` as a layout of their own, and their first piece.
+    fn run(&self, from: usize, to: usize) -> (usize, Layout) {
+        let first = self.groups[from].first;
+        let end = self.groups[to - 1].first + self.groups[to - 1].count;
+        let base = self.groups[from].start;
+        let groups: Vec<Group> = self.groups[from..to]
+            .iter()
+            .map(|g| Group { start: g.start - base, first: g.first - first, count: g.count })
+            .collect();
+        let layout = Layout {
+            pieces: self.pieces[first..end].to_vec(),
+            starts: self.starts[first..end].iter().map(|s| s - base).collect(),
+            cuts: groups.iter().skip(1).map(|g| g.start).collect(),
+            total: self.starts[end - 1] + self.pieces[end - 1].len - base,
+            groups,
+        };
+        (first, layout)
+    }
+
     /// The piece holding op offset `off`.
     pub(crate) fn piece_at(&self, off: usize) -> usize {
         self.starts.partition_point(|&s| s <= off) - 1
@@ -258,6 +295,37 @@ mod tests {
     }
 
     proptest! {
+        /// Runs cut for rail groups hold every piece once, in order, and address the same
+        /// bytes as the whole.
+        #[test]
+        fn runs_cover_the_batch_once(
+            raw in proptest::collection::vec((0usize..64, 0u64..64, 1usize..5), 1..40),
+            shares in proptest::collection::vec(0usize..100, 1..5),
+        ) {
+            let pieces: Pieces = raw.iter().map(|&(l, r, n)| (l * 4, r * 4, n * 4)).collect();
+            let layout = Layout::new(OpKind::Write, &pieces, 300, 300, 2, 16, false).unwrap();
+            let runs = layout.split(&shares);
+            prop_assert_eq!(runs.len(), shares.len());
+            let mut next = 0;
+            let mut total = 0;
+            for (first, run) in runs.iter().flatten() {
+                prop_assert_eq!(*first, next);
+                prop_assert_eq!(&run.pieces[..], &layout.pieces[next..next + run.pieces.len()]);
+                next += run.pieces.len();
+                total += run.total;
+                let mut out = [seg(); MAX_SGE];
+                for g in &run.groups {
+                    let len = run.pieces[g.first..g.first + g.count].iter().map(|p| p.len).sum();
+                    let (remote, _) = run.segments(seg(), g.start, len, &mut out);
+                    prop_assert_eq!(remote, run.pieces[g.first].remote);
+                }
+            }
+            if shares.iter().any(|&s| s > 0) {
+                prop_assert_eq!(next, layout.pieces.len());
+                prop_assert_eq!(total, layout.total);
+            }
+        }
+
         /// Every byte of every piece is covered exactly once by the segments of the chunks a
         /// scheduler would cut (here: fixed-size cuts that respect the groups).
         #[test]

@@ -13,7 +13,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use crate::control::Ctl;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, OpKind, Result};
-use crate::runtime::Runtime;
+use crate::runtime::{Lane, Runtime, Slots};
 
 const MAGIC: &[u8; 4] = b"RDLN";
 // 4: the control connection carries framed messages (`control`), not only heartbeat bytes.
@@ -270,7 +270,7 @@ async fn handshake(
         Ok(ep) => Ok(ep),
         Err((e, added)) => {
             match added {
-                Some(slot) => rt.remove_peer(slot),
+                Some(slots) => rt.remove_peer(&slots),
                 None => rt.close_lanes(ids),
             }
             Err(e)
@@ -285,10 +285,10 @@ async fn meet(
     mut s: TcpStream,
     addr: SocketAddr,
     op: OpKind,
-    lanes: Vec<usize>,
+    lanes: Vec<Lane>,
     them: Hello,
     mine: [u8; 32],
-) -> std::result::Result<Endpoint, (Error, Option<usize>)> {
+) -> std::result::Result<Endpoint, (Error, Option<Slots>)> {
     let peer = addr.to_string();
     let fail = |reason: String| Error::Handshake { op, peer: peer.clone(), reason };
     if them.provider != rt.provider() {
@@ -328,7 +328,7 @@ async fn meet(
     }
     let label = format!("{addr}#{:x}", them.id);
     let (ctl, outbox) = tokio::sync::mpsc::unbounded_channel();
-    let slot = rt
+    let slots = rt
         .add_peer(them.id, lanes, them.names, them.rails as usize, label.clone(), ctl)
         .map_err(|e| (e, None))?;
     // Both sides must know each other before the first message, or a message could reach a
@@ -341,11 +341,11 @@ async fn meet(
     };
     match sync.await {
         Ok(READY) => {}
-        Ok(b) => return Err((fail(format!("unexpected byte {b:#x} instead of ready")), Some(slot))),
-        Err(e) => return Err((fail(format!("waiting for ready: {e}")), Some(slot))),
+        Ok(b) => return Err((fail(format!("unexpected byte {b:#x} instead of ready")), Some(slots))),
+        Err(e) => return Err((fail(format!("waiting for ready: {e}")), Some(slots))),
     }
-    let watch = watch_peer(rt.clone(), slot, them.id, s, outbox);
-    Ok(Endpoint::new(rt.clone(), slot, them.id, label, Some(watch)))
+    let watch = watch_peer(rt.clone(), slots.clone(), them.id, s, outbox);
+    Ok(Endpoint::new(rt.clone(), slots, them.rails as usize, them.id, label, Some(watch)))
 }
 
 /// The control socket stays open for the endpoint's life: it carries what the reactor has to
@@ -353,7 +353,7 @@ async fn meet(
 /// an error, silence or a malformed message means the peer is gone.
 fn watch_peer(
     rt: Runtime,
-    slot: usize,
+    slots: Slots,
     peer_id: u64,
     s: TcpStream,
     mut outbox: UnboundedReceiver<Ctl>,
@@ -421,7 +421,7 @@ fn watch_peer(
                     Ok(Ok(Ok(Ctl::Asleep))) if peer_asleep.swap(true, Ordering::Relaxed) => {}
                     Ok(Ok(Ok(Ctl::Kick))) if !we_announced.swap(false, Ordering::Relaxed) => {}
                     Ok(Ok(Ok(msg))) => match weak.upgrade() {
-                        Some(rt) => rt.control(slot, peer_id, msg),
+                        Some(rt) => rt.control(&slots, peer_id, msg),
                         None => return "runtime gone".to_string(),
                     },
                 }
@@ -432,7 +432,7 @@ fn watch_peer(
             r = reader => r,
         };
         if let Some(rt) = weak.upgrade() {
-            rt.peer_lost(slot, reason);
+            rt.peer_lost(&slots, reason);
         }
     })
 }

@@ -9,7 +9,7 @@ use crate::error::{Error, OpKind};
 use crate::op::{len_of, Op, OpCell};
 use crate::reactor::cmd::OpReq;
 use crate::remote::RemoteBuf;
-use crate::runtime::Runtime;
+use crate::runtime::{Runtime, Slots};
 use crate::transport::WrKind;
 
 /// A peer this runtime can exchange data with. Every operation takes its buffer by value and
@@ -17,7 +17,10 @@ use crate::transport::WrKind;
 /// Dropping the endpoint closes the control connection; the peer sees it as lost.
 pub struct Endpoint {
     rt: Runtime,
-    slot: usize,
+    /// The peer's slot in each rail group's reactor.
+    slots: Slots,
+    /// The peer's rail count.
+    peer_rails: usize,
     peer_id: u64,
     label: String,
     _watch: Option<tokio::task::JoinHandle<()>>,
@@ -32,12 +35,13 @@ impl fmt::Debug for Endpoint {
 impl Endpoint {
     pub(crate) fn new(
         rt: Runtime,
-        slot: usize,
+        slots: Slots,
+        peer_rails: usize,
         peer_id: u64,
         label: String,
         watch: Option<tokio::task::JoinHandle<()>>,
     ) -> Endpoint {
-        Endpoint { rt, slot, peer_id, label, _watch: watch }
+        Endpoint { rt, slots, peer_rails, peer_id, label, _watch: watch }
     }
 
     /// The peer runtime's id (descriptors it exposes carry it).
@@ -273,8 +277,14 @@ impl Endpoint {
         rail_keys: Option<Arc<[u64]>>,
     ) -> Op<B> {
         let seg = buf.seg();
+        // Split across rail groups only where every part can reach the peer's rails: a
+        // one-sided op whose descriptor has a key for each of them.
+        let one_sided = matches!(kind, WrKind::Write { .. } | WrKind::Read { .. });
+        let keys = 1 + rail_keys.as_ref().map_or(0, |k| k.len());
+        let fan = self.slots.len() > 1 && one_sided && keys >= self.peer_rails;
+        let plain_imm = batch.is_none() && matches!(kind, WrKind::Write { imm: Some(_), .. });
         let req = OpReq {
-            peer: self.slot,
+            peer: self.slots[0],
             peer_id: self.peer_id,
             op,
             kind,
@@ -284,6 +294,8 @@ impl Endpoint {
             class: None,
             batch,
             rail_keys,
+            // A plain write's immediate value is raised once, by the piece that ends it.
+            slots: (fan && !plain_imm).then(|| self.slots.clone()),
         };
         Op::new(self.rt.clone(), req, buf, len_of)
     }
@@ -294,6 +306,6 @@ impl Drop for Endpoint {
         if let Some(w) = self._watch.take() {
             w.abort();
         }
-        self.rt.remove_peer(self.slot);
+        self.rt.remove_peer(&self.slots);
     }
 }

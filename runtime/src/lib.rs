@@ -20,6 +20,7 @@ pub mod buf;
 mod control;
 mod endpoint;
 mod error;
+mod fanout;
 #[doc(hidden)]
 pub mod fuzzing;
 mod imm;

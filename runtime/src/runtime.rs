@@ -7,6 +7,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
+use slab::Slab;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::buf::cache::{timed, MrCache};
@@ -15,7 +16,8 @@ use crate::control::Ctl;
 use crate::error::{Error, OpKind, Result, TransportError};
 use crate::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::op::OpCell;
-use crate::reactor::cmd::{Cmd, OpReq};
+use crate::reactor::cmd::{Cmd, OpReq, PeerLane};
+use crate::reactor::rail_of;
 use crate::reactor::thread::{self, Idle, IdlePolicy};
 use crate::reactor::Reactor;
 use crate::sched::{SchedConfig, TenantId};
@@ -54,6 +56,7 @@ pub struct Builder {
     secret: Option<Vec<u8>>,
     mr_cache_bytes: Option<usize>,
     max_message: Option<usize>,
+    rail_groups: Option<Vec<Vec<usize>>>,
 }
 
 impl Default for Builder {
@@ -71,6 +74,7 @@ impl Default for Builder {
             secret: None,
             mr_cache_bytes: None,
             max_message: None,
+            rail_groups: None,
         }
     }
 }
@@ -151,6 +155,18 @@ impl Builder {
     /// [`rail_nodes`](Self::rail_nodes) names them.
     pub fn rails(mut self, n: usize) -> Self {
         self.config.rails = n;
+        self
+    }
+
+    /// Split the rails among reactors, one per group, each on a thread of its own with a
+    /// transport of its own (`RDMALANE_RAIL_GROUPS=0,1;2,3` when unset here). Unset: one group
+    /// per NUMA node the rails' NICs sit on, its reactor pinned to a core of that node (one
+    /// group on a single-node host). Every rail belongs to one group. The group holding rail 0
+    /// carries messages and small ops; a bulk one-sided op (a write, a read, a batch) is split
+    /// across the groups in proportion to their rails. With [`Driver::Inline`] there is one
+    /// reactor, whatever the groups.
+    pub fn rail_groups<G: IntoIterator<Item = usize>>(mut self, groups: impl IntoIterator<Item = G>) -> Self {
+        self.rail_groups = Some(groups.into_iter().map(|g| g.into_iter().collect()).collect());
         self
     }
 
@@ -247,69 +263,119 @@ impl Builder {
         }
         // With several rails, one bulk lane per rail at least (behind the express lane).
         let lanes = if caps.rails > 1 { lanes.max(1 + caps.rails).min(64) } else { lanes };
-        if caps.rails > 1 {
-            let groups = crate::topology::rail_groups(&caps.rail_numa);
-            if groups.len() > 1 {
-                tracing::warn!(
-                    ?groups,
-                    "rails sit on several NUMA nodes: build one runtime per group (rail_nodes) so \
-                     each reactor runs next to its NICs"
-                );
+        let asked = match self.rail_groups {
+            Some(g) => Some(g),
+            None => match std::env::var("RDMALANE_RAIL_GROUPS").ok().filter(|s| !s.is_empty()) {
+                Some(v) => Some(crate::topology::parse_rail_groups(&v).ok_or_else(|| {
+                    Error::invalid(OpKind::Open, format!("RDMALANE_RAIL_GROUPS={v:?}: want e.g. 0,1;2,3"))
+                })?),
+                None => None,
+            },
+        };
+        let mut groups = match asked {
+            Some(g) => crate::topology::check_rail_groups(g, caps.rails.max(1))
+                .map_err(|why| Error::invalid(OpKind::Open, why))?,
+            None => {
+                crate::topology::rail_groups(&caps.rail_numa).into_iter().map(|(_, rails)| rails).collect()
             }
+        };
+        if self.driver == Driver::Inline && groups.len() > 1 {
+            tracing::warn!(?groups, "the inline driver runs one reactor: the rail groups are merged");
+            groups = vec![(0..caps.rails.max(1)).collect()];
         }
-        let notifier = transport.notifier();
-        let (tx, rx) = mpsc::channel();
+        // One transport per group: the one just opened serves a single group; several open
+        // their own shares of the rails (it is closed first, as they bind the same addresses).
+        let transports = if groups.len() == 1 {
+            vec![transport]
+        } else {
+            drop(transport);
+            let mut ts = Vec::with_capacity(groups.len());
+            for g in &groups {
+                let mut c = config.clone();
+                c.rails = g.len();
+                c.rail_ids = g.clone();
+                ts.push(backend.open(&c)?);
+            }
+            tracing::info!(?groups, "one reactor per rail group");
+            ts
+        };
         let imm = Arc::new(ImmQueue::default());
         let counters = Arc::new(Counters::default());
-        let idle = Arc::new(Idle::default());
         let mut sched = self.sched;
         sched.apply_env();
         // Chunks must be messages the provider takes.
         sched.max_message = caps.max_msg_size.max(1);
         tracing::debug!(?sched, "scheduler");
-        // Unpinned by the caller: next to the rails' NICs where the host has several NUMA nodes.
-        let core = core_set.or_else(|| {
-            let node = caps.rail_numa.first().copied().flatten()?;
-            crate::topology::reactor_core_for(node)
-        });
         let peer_timeout = std::env::var("RDMALANE_PEER_TIMEOUT_MS")
             .ok()
             .and_then(|v| v.parse().ok())
             .map_or(self.peer_timeout, |ms: u64| Duration::from_millis(ms.max(30)));
-        let mut reactor = Reactor::new(transport, rx, imm.clone(), counters.clone(), idle.clone(), sched);
-        reactor.set_peer_timeout(peer_timeout);
-        let (inline, thread) = match self.driver {
-            Driver::Inline => (Some(Mutex::new(reactor)), None),
-            Driver::Thread => {
-                let mut policy = self.idle;
-                if caps.wait_fd {
-                    // The CQ's fd wakes the thread for completions and the eventfd for
-                    // submissions and peer losses; the timeout only paces housekeeping (expiring
-                    // unanswered control questions, which wait 10 s at least). Each wake costs:
-                    // at 50 ms an idle verbs reactor in the emulated VM used up to 2.3% of a core.
-                    policy.max_sleep = Duration::from_millis(100);
-                }
-                let h = thread::spawn(reactor, core, idle.clone(), policy).map_err(|e| Error::Io {
-                    op: OpKind::Open,
-                    peer: "-".into(),
-                    source: e,
-                })?;
-                (None, Some(h))
-            }
-        };
-        let thread_id = thread.as_ref().map(|h| h.thread().id());
+        let mut inline = None;
+        let mut started = Vec::with_capacity(groups.len());
+        let mut taken = Vec::new();
+        for (g, (rails, transport)) in groups.iter().zip(transports).enumerate() {
+            let notifier = transport.notifier();
+            let (tx, rx) = mpsc::channel();
+            let idle = Arc::new(Idle::default());
+            // Unpinned by the caller: next to the group's NICs where the host has several NUMA
+            // nodes. A configured core is the first group's.
+            let core = match (g, core_set) {
+                (0, Some(c)) => Some(c),
+                _ => caps
+                    .rail_numa
+                    .get(rails[0])
+                    .copied()
+                    .flatten()
+                    .and_then(|node| crate::topology::reactor_core_for(node, &taken)),
+            };
+            taken.extend(core);
+            let mut reactor =
+                Reactor::new(transport, rx, imm.clone(), counters.clone(), idle.clone(), sched.clone());
+            reactor.set_peer_timeout(peer_timeout);
+            reactor.set_group(g, rails.clone());
+            let (thread, thread_id) =
+                match self.driver {
+                    Driver::Inline => {
+                        inline = Some(Mutex::new(reactor));
+                        (None, None)
+                    }
+                    Driver::Thread => {
+                        let mut policy = self.idle;
+                        if caps.wait_fd {
+                            // The CQ's fd wakes the thread for completions and the eventfd for
+                            // submissions and peer losses; the timeout only paces housekeeping
+                            // (expiring unanswered control questions, which wait 10 s at least).
+                            // Each wake costs: at 50 ms an idle verbs reactor in the emulated VM
+                            // used up to 2.3% of a core.
+                            policy.max_sleep = Duration::from_millis(100);
+                        }
+                        let h = thread::spawn(reactor, g, core, idle.clone(), policy)
+                            .map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?;
+                        let id = h.thread().id();
+                        (Some(h), Some(id))
+                    }
+                };
+            started.push(Group {
+                tx,
+                idle,
+                notifier,
+                thread: Mutex::new(thread),
+                thread_id,
+                rails: rails.clone(),
+                core,
+            });
+        }
         tracing::info!(provider = %caps.provider, driver = ?self.driver, "rdmalane runtime started");
+        let fan_min = sched.chunk_size.max(1).saturating_mul(2);
         Ok(Runtime {
             inner: Arc::new(Inner {
                 id: rand::random::<u64>() | 1,
                 lanes,
                 caps,
-                tx,
-                idle,
-                notifier,
+                groups: started,
                 inline,
-                thread: Mutex::new(thread),
-                thread_id,
+                regs: Mutex::new(Slab::new()),
+                fan_min,
                 imm,
                 counters,
                 mr_cache: MrCache::new(self.mr_cache_bytes.unwrap_or_else(|| {
@@ -329,16 +395,63 @@ impl Builder {
     }
 }
 
+/// One reactor and the way to it: a rail group's share of the runtime.
+struct Group {
+    tx: Sender<Cmd>,
+    idle: Arc<Idle>,
+    notifier: Arc<dyn Notify>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    thread_id: Option<ThreadId>,
+    /// The host rails its transport spans.
+    rails: Vec<usize>,
+    /// The core its thread is pinned to.
+    core: Option<usize>,
+}
+
+impl Group {
+    fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
+        if self.idle.shutdown.load(Ordering::Acquire) {
+            return Err(cmd);
+        }
+        self.tx.send(cmd).map_err(|e| e.0)?;
+        self.idle.commands.fetch_add(1, Ordering::SeqCst);
+        if self.idle.sleeping.load(Ordering::SeqCst) {
+            self.notifier.notify();
+        }
+        Ok(())
+    }
+
+    /// Tell the reactor to stop and, unless this is its own thread, wait for it.
+    fn stop(&self) {
+        self.idle.shutdown.store(true, Ordering::SeqCst);
+        self.notifier.notify();
+        let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // The last handle can be dropped on the reactor thread itself (a buffer freed by a
+        // completion); then the thread ends on its own.
+        if let Some(h) = h {
+            if Some(std::thread::current().id()) != self.thread_id {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// A registration made on every group's transport: its handle in each (id, local descriptor).
+/// With several groups, the runtime's region id and descriptor name an entry here.
+type GroupRegs = Vec<(u64, usize)>;
+
 struct Inner {
     id: u64,
     lanes: usize,
     caps: Caps,
-    tx: Sender<Cmd>,
-    idle: Arc<Idle>,
-    notifier: Arc<dyn Notify>,
+    /// One per rail group; the first holds rail 0 and takes messages and small ops.
+    groups: Vec<Group>,
+    /// The one reactor, when the caller of `block_on` drives it.
     inline: Option<Mutex<Reactor>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    thread_id: Option<ThreadId>,
+    /// Registrations on several groups (unused with one).
+    regs: Mutex<Slab<GroupRegs>>,
+    /// Bulk one-sided ops of at least this many bytes are split across the groups.
+    fan_min: usize,
     imm: Arc<ImmQueue>,
     counters: Arc<Counters>,
     connect_timeout: Duration,
@@ -351,19 +464,14 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.idle.shutdown.store(true, Ordering::SeqCst);
-        self.notifier.notify();
+        for g in &self.groups {
+            g.idle.shutdown.store(true, Ordering::SeqCst);
+            g.notifier.notify();
+        }
         if let Some(r) = &mut self.inline {
             r.get_mut().unwrap_or_else(|p| p.into_inner()).shutdown(Duration::from_secs(2));
         }
-        let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
-        // The last handle can be dropped on the reactor thread itself (a buffer freed by a
-        // completion); then the thread ends on its own.
-        if let Some(h) = h {
-            if Some(std::thread::current().id()) != self.thread_id {
-                let _ = h.join();
-            }
-        }
+        self.groups.iter().for_each(Group::stop);
     }
 }
 
@@ -475,7 +583,9 @@ impl Runtime {
 
     /// Give `tenant` `weight` times the bulk share of a weight-1 tenant.
     pub fn set_weight(&self, tenant: TenantId, weight: u32) {
-        let _ = self.send(Cmd::SetWeight { tenant, weight });
+        for g in &self.inner.groups {
+            let _ = g.send(Cmd::SetWeight { tenant, weight });
+        }
     }
 
     /// Stop the reactor now, with handles (buffers, endpoints, ops) still alive: queued ops fail
@@ -484,18 +594,21 @@ impl Runtime {
     /// buffers), and every later op fails with `Error::Shutdown`. Dropping the last handle does
     /// the same.
     pub fn shutdown(&self) {
-        self.inner.idle.shutdown.store(true, Ordering::SeqCst);
-        self.inner.notifier.notify();
+        for g in &self.inner.groups {
+            g.idle.shutdown.store(true, Ordering::SeqCst);
+            g.notifier.notify();
+        }
         if let Some(r) = &self.inner.inline {
             let mut r = r.lock().unwrap_or_else(|p| p.into_inner());
             r.shutdown(Duration::from_secs(2));
         }
-        let h = self.inner.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(h) = h {
-            if Some(std::thread::current().id()) != self.inner.thread_id {
-                let _ = h.join();
-            }
-        }
+        self.inner.groups.iter().for_each(Group::stop);
+    }
+
+    /// The rail groups, one reactor each: the host rails each drives and the core its thread
+    /// is pinned to (`None`: unpinned, or driven inline).
+    pub fn rail_groups(&self) -> Vec<(Vec<usize>, Option<usize>)> {
+        self.inner.groups.iter().map(|g| (g.rails.clone(), g.core)).collect()
     }
 
     /// A snapshot of the op counters.
@@ -551,16 +664,9 @@ impl Runtime {
         }
     }
 
+    /// Hand a command to the first group's reactor (the only one, mostly).
     fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
-        if self.inner.idle.shutdown.load(Ordering::Acquire) {
-            return Err(cmd);
-        }
-        self.inner.tx.send(cmd).map_err(|e| e.0)?;
-        self.inner.idle.commands.fetch_add(1, Ordering::SeqCst);
-        if self.inner.idle.sleeping.load(Ordering::SeqCst) {
-            self.inner.notifier.notify();
-        }
-        Ok(())
+        self.inner.groups[0].send(cmd)
     }
 
     /// On the thread inside this runtime's inline `block_on`, with nobody else turning: one
@@ -606,7 +712,10 @@ impl Runtime {
     /// `polled`: the op's cell, when its future is being polled: an op not done at posting then
     /// reaps at once, under the same lock (the inline turn its poll would take next).
     pub(crate) fn submit(&self, req: OpReq, polled: Option<&OpCell>) {
-        if self.inner.idle.shutdown.load(Ordering::Acquire) {
+        if self.inner.groups.len() > 1 {
+            return self.submit_groups(req);
+        }
+        if self.inner.groups[0].idle.shutdown.load(Ordering::Acquire) {
             Counters::add_shared(&self.inner.counters.rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
             return;
@@ -628,11 +737,16 @@ impl Runtime {
         }
     }
 
-    /// Run a control command and wait for its reply.
+    /// Run a control command on the first group's reactor and wait for its reply.
     fn call<T>(&self, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
+        self.call_on(0, op, make)
+    }
+
+    /// Run a control command on group `g`'s reactor and wait for its reply.
+    fn call_on<T>(&self, g: usize, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
         let (reply, rx) = mpsc::sync_channel(1);
         let cmd = make(reply);
-        if self.send(cmd).is_err() {
+        if self.inner.groups[g].send(cmd).is_err() {
             return Err(Error::Shutdown { op });
         }
         loop {
@@ -653,14 +767,95 @@ impl Runtime {
 
     pub(crate) fn register_region(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
         let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
-        let (res, ns) =
-            timed(|| self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply }));
+        let (res, ns) = timed(|| {
+            if self.inner.groups.len() > 1 {
+                return self.register_on_groups(ptr, len, access);
+            }
+            self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
+                .map_err(|e| Error::from_transport(op, "-", e))
+        });
         self.inner.counters.registration_ns.fetch_add(ns, Ordering::Relaxed);
-        res?.map_err(|e| Error::from_transport(op, "-", e))
+        res
     }
 
-    /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration.
+    /// Register on every group's transport: the region's keys are each rail's, wherever its
+    /// group is; its id and descriptor name the groups' own (`regs`).
+    fn register_on_groups(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
+        let mut keys = vec![0u64; self.inner.caps.rails.max(1)];
+        let mut regs: GroupRegs = Vec::with_capacity(self.inner.groups.len());
+        let mut base = None;
+        let mut failure = None;
+        for (g, group) in self.inner.groups.iter().enumerate() {
+            let res = self
+                .call_on(g, op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })
+                .and_then(|r| r.map_err(|e| Error::from_transport(op, "-", e)));
+            match res {
+                Ok(mr) if base.is_none_or(|b| b == mr.remote_base) => {
+                    base = Some(mr.remote_base);
+                    let group_keys = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied());
+                    for (&rail, key) in group.rails.iter().zip(group_keys) {
+                        keys[rail] = key;
+                    }
+                    regs.push((mr.id, mr.desc));
+                }
+                Ok(mr) => {
+                    regs.push((mr.id, mr.desc));
+                    failure =
+                        Some(Error::invalid(op, "the rail groups' transports address memory differently"));
+                    break;
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failure {
+            for (g, (id, _)) in regs.into_iter().enumerate() {
+                let _ = self.inner.groups[g].send(Cmd::Deregister { id, keep: None, reply: None });
+            }
+            return Err(e);
+        }
+        let first = regs[0].0;
+        let handle = self.inner.regs.lock().unwrap_or_else(|p| p.into_inner()).insert(regs);
+        let mr = MemoryRegion {
+            id: handle as u64,
+            desc: handle,
+            key: keys[0],
+            rail_keys: keys[1..].to_vec(),
+            remote_base: base.unwrap_or(0),
+        };
+        if access.is_remote() {
+            // The first group answers peers' questions about our memory: it learns every key.
+            let _ = self.send(Cmd::Exposed { mr: MemoryRegion { id: first, ..mr.clone() }, len, access });
+        }
+        Ok(mr)
+    }
+
+    /// The groups' own handles of region `id` (several groups), forgotten here.
+    fn take_group_regs(&self, id: u64) -> Option<GroupRegs> {
+        self.inner.regs.lock().unwrap_or_else(|p| p.into_inner()).try_remove(id as usize)
+    }
+
+    /// Group `g`'s descriptor for the runtime's descriptor `desc` (several groups).
+    fn group_desc(&self, desc: usize, g: usize) -> usize {
+        let regs = self.inner.regs.lock().unwrap_or_else(|p| p.into_inner());
+        regs.get(desc).and_then(|r| r.get(g)).map_or(0, |&(_, d)| d)
+    }
+
+    /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration
+    /// (with several groups, by the last of them).
     pub(crate) fn release_region(&self, id: u64, keep: Option<Box<dyn std::any::Any + Send>>) {
+        if self.inner.groups.len() > 1 {
+            let Some(regs) = self.take_group_regs(id) else { return };
+            let keep = keep.map(|k| Arc::new(Mutex::new(k)));
+            for (g, (id, _)) in regs.into_iter().enumerate() {
+                let keep = keep.clone().map(|k| Box::new(k) as Box<dyn std::any::Any + Send>);
+                let _ = self.inner.groups[g].send(Cmd::Deregister { id, keep, reply: None });
+            }
+            return;
+        }
         if let Err(Cmd::Deregister { keep, .. }) = self.send(Cmd::Deregister { id, keep, reply: None }) {
             // The reactor is gone and the transport with it: nothing can reach the memory now.
             drop(keep);
@@ -668,46 +863,200 @@ impl Runtime {
     }
 
     pub(crate) fn deregister_now(&self, id: u64) -> Result<()> {
-        self.call(OpKind::Expose, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })?
-            .map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e))
+        let regs = match self.inner.groups.len() {
+            1 => vec![(id, 0)],
+            _ => self.take_group_regs(id).unwrap_or_default(),
+        };
+        let mut first = Ok(());
+        for (g, (id, _)) in regs.into_iter().enumerate() {
+            let res = self
+                .call_on(g, OpKind::Expose, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })
+                .and_then(|r| r.map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e)));
+            if first.is_ok() {
+                first = res;
+            }
+        }
+        first
     }
 
-    pub(crate) fn open_lanes(&self, peer: &str, n: usize) -> Result<Vec<(LaneId, Vec<u8>)>> {
-        self.call(OpKind::Connect, |reply| Cmd::OpenLanes { n, reply })?
-            .map_err(|e| Error::from_transport(OpKind::Connect, peer, e))
+    /// The group serving each host rail.
+    fn group_of_rail(&self, rail: usize) -> (usize, usize) {
+        for (g, group) in self.inner.groups.iter().enumerate() {
+            if let Some(local) = group.rails.iter().position(|&r| r == rail) {
+                return (g, local);
+            }
+        }
+        (0, 0)
     }
 
+    /// Open `n` lanes for a new peer: lane i on rail `rail_of(i, rails)`, by that rail's group.
+    /// Returns them in lane order with their addresses.
+    pub(crate) fn open_lanes(&self, peer: &str, n: usize) -> Result<Vec<(Lane, Vec<u8>)>> {
+        let groups = self.inner.groups.len();
+        let rails = self.inner.caps.rails.max(1);
+        let at: Vec<(usize, usize)> = (0..n).map(|i| self.group_of_rail(rail_of(i, rails))).collect();
+        let mut out: Vec<Option<(Lane, Vec<u8>)>> = vec![None; n];
+        let mut failure = None;
+        for g in 0..groups {
+            let local: Vec<usize> = at.iter().filter(|(x, _)| *x == g).map(|&(_, r)| r).collect();
+            if local.is_empty() {
+                continue;
+            }
+            let res = self
+                .call_on(g, OpKind::Connect, |reply| Cmd::OpenLanes { rails: local, reply })
+                .and_then(|r| r.map_err(|e| Error::from_transport(OpKind::Connect, peer, e)));
+            match res {
+                Ok(opened) => {
+                    let slots = (0..n).filter(|&i| at[i].0 == g);
+                    for (i, (lane, name)) in slots.zip(opened) {
+                        out[i] = Some(((g, lane), name));
+                    }
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let out: Vec<(Lane, Vec<u8>)> = out.into_iter().flatten().collect();
+        match failure {
+            Some(e) => {
+                self.close_lanes(out.into_iter().map(|(l, _)| l).collect());
+                Err(e)
+            }
+            None => Ok(out),
+        }
+    }
+
+    /// Connect our lanes to the peer's (pairwise, in lane order) and add the peer to every
+    /// group that holds one of them. Returns its slot in each group ([`NO_SLOT`] where none).
     pub(crate) fn add_peer(
         &self,
         id: u64,
-        lanes: Vec<LaneId>,
+        lanes: Vec<Lane>,
         names: Vec<Vec<u8>>,
         rails: usize,
         label: String,
         ctl: UnboundedSender<Ctl>,
-    ) -> Result<usize> {
-        let peer = label.clone();
-        self.call(OpKind::Connect, |reply| Cmd::AddPeer { id, lanes, names, rails, label, ctl, reply })?
-            .map_err(|e| Error::from_transport(OpKind::Connect, &peer, e))
+    ) -> Result<Slots> {
+        let mut slots = vec![NO_SLOT; self.inner.groups.len()];
+        for g in 0..self.inner.groups.len() {
+            let mine: Vec<PeerLane> = (0..lanes.len())
+                .filter(|&i| lanes[i].0 == g)
+                .map(|i| (lanes[i].1, names[i].clone(), i))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let (l, c) = (label.clone(), ctl.clone());
+            let res = self
+                .call_on(g, OpKind::Connect, |reply| Cmd::AddPeer {
+                    id,
+                    lanes: mine,
+                    rails,
+                    label: l,
+                    ctl: c,
+                    reply,
+                })
+                .and_then(|r| r.map_err(|e| Error::from_transport(OpKind::Connect, &label, e)));
+            match res {
+                Ok(slot) => slots[g] = slot,
+                Err(e) => {
+                    // Undo: the groups done lose the peer (closing its lanes), the others'
+                    // lanes close (this group's failed add closed its own).
+                    let added: Slots = slots.into();
+                    self.remove_peer(&added);
+                    let rest = lanes.into_iter().filter(|l| l.0 > g).collect();
+                    self.close_lanes(rest);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(slots.into())
     }
 
-    pub(crate) fn close_lanes(&self, lanes: Vec<LaneId>) {
-        let _ = self.send(Cmd::CloseLanes { lanes });
+    pub(crate) fn close_lanes(&self, lanes: Vec<Lane>) {
+        for g in 0..self.inner.groups.len() {
+            let mine: Vec<LaneId> = lanes.iter().filter(|l| l.0 == g).map(|l| l.1).collect();
+            if !mine.is_empty() {
+                let _ = self.inner.groups[g].send(Cmd::CloseLanes { lanes: mine });
+            }
+        }
     }
 
-    pub(crate) fn remove_peer(&self, slot: usize) {
-        let _ = self.send(Cmd::RemovePeer { slot });
+    pub(crate) fn remove_peer(&self, slots: &Slots) {
+        self.each_slot(slots, |slot| Cmd::RemovePeer { slot });
     }
 
-    pub(crate) fn peer_lost(&self, slot: usize, reason: String) {
-        let _ = self.send(Cmd::PeerLost { slot, reason });
+    pub(crate) fn peer_lost(&self, slots: &Slots, reason: String) {
+        self.each_slot(slots, |slot| Cmd::PeerLost { slot, reason: reason.clone() });
     }
 
-    /// A message the peer in `slot` (runtime `peer_id`) sent on its control connection.
-    pub(crate) fn control(&self, slot: usize, peer_id: u64, msg: Ctl) {
-        let _ = self.send(Cmd::Control { slot, peer_id, msg });
+    fn each_slot(&self, slots: &Slots, mut make: impl FnMut(usize) -> Cmd) {
+        for (g, &slot) in slots.iter().enumerate() {
+            if slot != NO_SLOT {
+                let _ = self.inner.groups[g].send(make(slot));
+            }
+        }
+    }
+
+    /// A message the peer (runtime `peer_id`, at `slots`) sent on its control connection, to
+    /// the reactor it concerns: an answer to a question goes to the group that asked (named
+    /// in the token's high bits), wake-ups to every group, the rest to the first group (which
+    /// keeps messages and answers questions about our memory).
+    pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl) {
+        let to = match &msg {
+            Ctl::Asleep | Ctl::Kick if slots.len() > 1 => {
+                return self.each_slot(slots, |slot| Cmd::Control { slot, peer_id, msg: msg.clone() });
+            }
+            Ctl::Verdict { token, .. } => (*token >> crate::reactor::TOKEN_GROUP_SHIFT) as usize,
+            _ => 0,
+        };
+        if let Some(&slot) = slots.get(to).filter(|&&s| s != NO_SLOT) {
+            let _ = self.inner.groups[to].send(Cmd::Control { slot, peer_id, msg });
+        }
+    }
+
+    /// An op on several groups: a bulk one-sided op the endpoint let fan out is split across
+    /// the groups in proportion to their rails; anything else goes whole to the first group.
+    /// Either way each part names its group's descriptor for the local memory.
+    fn submit_groups(&self, mut req: OpReq) {
+        let fan = req
+            .slots
+            .take()
+            .filter(|_| req.len() >= self.inner.fan_min && req.class != Some(crate::sched::Class::Latency));
+        let parts = match fan {
+            Some(slots) => {
+                let weights: Vec<usize> = self
+                    .inner
+                    .groups
+                    .iter()
+                    .zip(slots.iter())
+                    .map(|(g, &s)| if s == NO_SLOT { 0 } else { g.rails.len() })
+                    .collect();
+                crate::fanout::split(req, &slots, &weights)
+            }
+            None => vec![(0, req)],
+        };
+        for (g, mut part) in parts {
+            part.seg.desc = self.group_desc(part.seg.desc, g);
+            if let Err(Cmd::Op(part)) = self.inner.groups[g].send(Cmd::Op(part)) {
+                Counters::add_shared(&self.inner.counters.rejected);
+                part.cell.complete(Err(Error::Shutdown { op: part.op }));
+            }
+        }
     }
 }
+
+/// A lane of a peer: the rail group whose reactor owns it, and its id in that group's transport.
+pub(crate) type Lane = (usize, LaneId);
+
+/// A peer's slot in each group's reactor ([`NO_SLOT`] in a group that holds none of its lanes).
+/// (A thin pointer: ops carry it.)
+pub(crate) type Slots = Arc<Vec<usize>>;
+
+/// No slot: the group holds none of the peer's lanes.
+pub(crate) const NO_SLOT: usize = usize::MAX;
 
 /// A [`Runtime`] handle that does not keep it alive.
 #[derive(Clone, Debug)]

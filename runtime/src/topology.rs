@@ -67,13 +67,46 @@ pub fn rail_groups(rail_numa: &[Option<usize>]) -> Vec<(usize, Vec<usize>)> {
 }
 
 /// The core a reactor serving rails on `node` should take when none is configured: the last
-/// core of the node (the first ones usually carry the OS and the application's main threads).
-/// `None` on a single-node host, where any core is as near.
-pub fn reactor_core_for(node: usize) -> Option<usize> {
+/// core of the node not `taken` by another reactor (the first ones usually carry the OS and
+/// the application's main threads). `None` on a single-node host, where any core is as near.
+pub fn reactor_core_for(node: usize, taken: &[usize]) -> Option<usize> {
     if numa_nodes().len() < 2 {
         return None;
     }
-    node_cpus(node).last().copied()
+    let cpus = node_cpus(node);
+    cpus.iter().rev().find(|c| !taken.contains(c)).or(cpus.last()).copied()
+}
+
+/// Parse rail groups as `RDMALANE_RAIL_GROUPS` gives them: `0,1;2,3` (groups split by `;`,
+/// rails by `,`). `None` when malformed.
+pub fn parse_rail_groups(s: &str) -> Option<Vec<Vec<usize>>> {
+    s.split(';')
+        .map(|g| g.split(',').map(|r| r.trim().parse().ok()).collect::<Option<Vec<usize>>>())
+        .collect()
+}
+
+/// Check that `groups` share out rails `0..rails`, each to one group, and put them in order:
+/// rails ascending in each group, groups by their first rail (so the first holds rail 0).
+pub fn check_rail_groups(mut groups: Vec<Vec<usize>>, rails: usize) -> Result<Vec<Vec<usize>>, String> {
+    let mut seen = vec![false; rails];
+    for g in &mut groups {
+        if g.is_empty() {
+            return Err("an empty rail group".into());
+        }
+        g.sort_unstable();
+        for &r in g.iter() {
+            match seen.get_mut(r) {
+                None => return Err(format!("rail {r} in a rail group, of {rails} rails")),
+                Some(true) => return Err(format!("rail {r} in two rail groups")),
+                Some(s) => *s = true,
+            }
+        }
+    }
+    if let Some(r) = seen.iter().position(|s| !s) {
+        return Err(format!("rail {r} is in no rail group"));
+    }
+    groups.sort_unstable_by_key(|g| g[0]);
+    Ok(groups)
 }
 
 #[cfg(test)]
@@ -91,6 +124,17 @@ mod tests {
     fn rails_group_by_node() {
         let g = rail_groups(&[Some(0), Some(1), Some(0), None, Some(1)]);
         assert_eq!(g, vec![(0, vec![0, 2, 3]), (1, vec![1, 4])]);
+    }
+
+    #[test]
+    fn rail_groups_parse_and_check() {
+        assert_eq!(parse_rail_groups("2,3;0, 1"), Some(vec![vec![2, 3], vec![0, 1]]));
+        assert_eq!(parse_rail_groups("0;x"), None);
+        assert_eq!(check_rail_groups(vec![vec![3, 2], vec![1, 0]], 4), Ok(vec![vec![0, 1], vec![2, 3]]));
+        assert!(check_rail_groups(vec![vec![0], vec![0, 1]], 2).unwrap_err().contains("two"));
+        assert!(check_rail_groups(vec![vec![0]], 2).unwrap_err().contains("rail 1 is in no"));
+        assert!(check_rail_groups(vec![vec![0, 5]], 2).unwrap_err().contains("rail 5"));
+        assert!(check_rail_groups(vec![vec![0, 1], vec![]], 2).unwrap_err().contains("empty"));
     }
 
     #[test]

@@ -276,9 +276,13 @@ pub struct TransportConfig {
     pub no_wait_object: bool,
     /// Rails to span (NICs, domains); 0 is taken as 1.
     pub rails: usize,
-    /// Per-rail local addresses (tcp: one loopback or NIC address per rail). Missing entries
-    /// are the backend's choice.
+    /// Per-rail local addresses (tcp: one loopback or NIC address per rail), by the rail's
+    /// index on the host. Missing entries are the backend's choice.
     pub rail_nodes: Vec<String>,
+    /// The host's rails to open, by index, in order (a rail group: its reactor's share of the
+    /// runtime's rails); empty opens rails `0..rails`. The transport's rail `r` is then host
+    /// rail `rail_ids[r]`: the backend picks its NIC or address by that index.
+    pub rail_ids: Vec<usize>,
     /// Peers on this host are trusted with this process's memory: a provider may let their
     /// one-sided ops skip the target's checks of key, range and access (shm's fast path, about
     /// 4x faster for small ones), so a stale or forged descriptor reaches wherever it points.

@@ -97,19 +97,22 @@ impl FabricTransport {
     /// provider needs an address; `wait_fd` asks for a CQ the caller can sleep on.
     pub fn open(provider: Option<&str>, node: Option<&str>, wait_fd: bool) -> Result<FabricTransport> {
         let nodes = [node.map(String::from)];
-        Self::open_rails(provider, &nodes, 1, wait_fd, rdmalane::transport::trust_local_peers_env())
+        Self::open_rails(provider, &nodes, &[0], wait_fd, rdmalane::transport::trust_local_peers_env())
     }
 
-    /// Open `rails` rails of one provider: rail `r` binds to `nodes[r]` where given; otherwise
-    /// tcp takes loopback address 127.0.0.(r+1), efa the r-th NIC fi_getinfo lists, and shm a
-    /// domain of its own. `trust_local`: see `TransportConfig::trust_local_peers`.
+    /// Open one rail per entry of `ids`, the rails' indices on the host (a rail group opens a
+    /// subset): rail `r` binds to `nodes[r]` where given; otherwise tcp takes loopback address
+    /// 127.0.0.(id+1) (127.0.0.1 is also the provider's default for rail 0), efa the id-th NIC
+    /// fi_getinfo lists, and shm a domain of its own. `trust_local`: see
+    /// `TransportConfig::trust_local_peers`.
     pub fn open_rails(
         provider: Option<&str>,
         nodes: &[Option<String>],
-        rails: usize,
+        ids: &[usize],
         wait_fd: bool,
         trust_local: bool,
     ) -> Result<FabricTransport> {
+        let ids = if ids.is_empty() { &[0][..] } else { ids };
         let node0 = nodes.first().cloned().flatten();
         let (list, prov) = match provider {
             Some(p) => info::select(p, node0.as_deref(), trust_local)?,
@@ -135,20 +138,29 @@ impl FabricTransport {
             }
         };
         let mut infos = vec![list];
-        for r in 1..rails.max(1) {
+        for (r, &id) in ids.iter().enumerate() {
             let node = match nodes.get(r).cloned().flatten() {
                 Some(n) => Some(n),
-                None if prov.starts_with("tcp") => Some(format!("127.0.0.{}", r + 1)),
+                None if prov.starts_with("tcp") && id > 0 => Some(format!("127.0.0.{}", id + 1)),
                 None => None,
             };
+            // Rail 0 of the host, at its given address, is the list found above.
+            if r == 0 && (id == 0 || node.is_none() || node == node0) {
+                continue;
+            }
             let (list, _) = info::select(&prov, node.as_deref(), trust_local)?;
-            infos.push(list);
+            if r == 0 {
+                infos[0] = list;
+            } else {
+                infos.push(list);
+            }
         }
-        Self::open_info(infos, &prov, wait_fd, trust_local)
+        Self::open_info(infos, ids, &prov, wait_fd, trust_local)
     }
 
     fn open_info(
         infos: Vec<InfoList>,
+        ids: &[usize],
         prov: &str,
         wait_fd: bool,
         trust_local: bool,
@@ -192,17 +204,19 @@ impl FabricTransport {
             served_seen: 0,
         };
         for (r, list) in infos.into_iter().enumerate() {
-            // efa lists one entry per NIC: rail r takes the r-th (all rails of one device
-            // otherwise); other providers were asked per rail with the rail's own address.
+            // efa lists one entry per NIC: the rail with host index id takes the id-th (all
+            // rails of one device otherwise); other providers were asked per rail with the
+            // rail's own address.
             let mut info = list.0;
+            let id = ids.get(r).copied().unwrap_or(r);
             if prov == "efa" {
-                for _ in 0..r {
+                for _ in 0..id {
                     // SAFETY: walking the list fi_getinfo returned; it lives in `list`.
                     let next = unsafe { (*info).next };
                     if next.is_null() {
                         return Err(Error::invalid(
                             OpKind::Open,
-                            format!("rail {r}: efa lists only {r} NICs"),
+                            format!("rail {id}: efa lists only {id} NICs"),
                         ));
                     }
                     info = next;

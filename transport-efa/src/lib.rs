@@ -33,14 +33,21 @@ pub struct Libfabric;
 
 impl Backend for Libfabric {
     fn open(&self, config: &TransportConfig) -> rdmalane::Result<Box<dyn Transport>> {
-        let rails = config.rails.max(1);
-        let nodes: Vec<Option<String>> = (0..rails)
-            .map(|r| config.rail_nodes.get(r).cloned().or(if r == 0 { config.node.clone() } else { None }))
+        let ids: Vec<usize> = if config.rail_ids.is_empty() {
+            (0..config.rails.max(1)).collect()
+        } else {
+            config.rail_ids.clone()
+        };
+        let nodes: Vec<Option<String>> = ids
+            .iter()
+            .map(|&id| {
+                config.rail_nodes.get(id).cloned().or(if id == 0 { config.node.clone() } else { None })
+            })
             .collect();
         let t = FabricTransport::open_rails(
             config.provider.as_deref(),
             &nodes,
-            rails,
+            &ids,
             !config.no_wait_object,
             config.trust_local_peers,
         )?;

@@ -30,6 +30,10 @@ const WAITING: u8 = 4;
 /// Polled by the inline driver of this thread with its own waker: the completion bumps
 /// [`DRIVER_KICKS`] instead, which every inline driver watches (one atomic add, no waker).
 const PARKED: u8 = 8;
+/// The future was dropped before the outcome: what is not posted may be withdrawn. (Only a
+/// cell fanned out to several reactors needs it said; for the others the reactor sees it is
+/// the cell's only holder.)
+const ABANDONED: u8 = 16;
 
 /// Bumped by each completion of a parked op: an inline driver that sees it change polls its
 /// future again.
@@ -46,6 +50,26 @@ pub(crate) struct OpCell {
     imm: AtomicU64,
     waker: Mutex<Option<Waker>>,
     rare: Mutex<Rare>,
+    /// A part of an op fanned out over several reactors: its outcome goes to the whole.
+    part: Option<Part>,
+}
+
+/// One reactor's share of an op that spans rail groups.
+struct Part {
+    whole: Arc<Fan>,
+    /// The index of the part's first batch piece in the whole batch.
+    first_piece: usize,
+}
+
+/// An op fanned out over several reactors: the user's cell, completed once every part is.
+/// Each part holds it, so the cell, and a dropped future's buffer in it, live until the last
+/// part is let go of by its reactor.
+pub(crate) struct Fan {
+    cell: Arc<OpCell>,
+    left: AtomicUsize,
+    len: AtomicUsize,
+    /// The first failure (for a batch, the one of the lowest piece).
+    error: Mutex<Option<Error>>,
 }
 
 #[derive(Default)]
@@ -73,8 +97,47 @@ impl OpCell {
                 imm: AtomicU64::new(0),
                 waker: Mutex::new(None),
                 rare: Mutex::new(Rare::default()),
+                part: None,
             })
         })
+    }
+
+    /// Cells for `firsts.len()` parts of `whole`'s op, part `i` starting at batch piece
+    /// `firsts[i]`: `whole` completes once they all have.
+    pub(crate) fn fan_out(whole: &Arc<OpCell>, firsts: &[usize]) -> Vec<Arc<OpCell>> {
+        let fan = Arc::new(Fan {
+            cell: whole.clone(),
+            left: AtomicUsize::new(firsts.len()),
+            len: AtomicUsize::new(0),
+            error: Mutex::new(None),
+        });
+        firsts
+            .iter()
+            .map(|&first_piece| {
+                Arc::new(OpCell {
+                    state: AtomicU8::new(0),
+                    len: AtomicUsize::new(0),
+                    imm: AtomicU64::new(0),
+                    waker: Mutex::new(None),
+                    rare: Mutex::new(Rare::default()),
+                    part: Some(Part { whole: fan.clone(), first_piece }),
+                })
+            })
+            .collect()
+    }
+
+    /// Is the op's future gone with the op unfinished, so that what is not posted may be
+    /// withdrawn? `holders`: the references the reactor holds itself.
+    pub(crate) fn abandoned(self: &Arc<Self>, holders: usize) -> bool {
+        match &self.part {
+            Some(p) => p.whole.cell.state.load(Ordering::Acquire) & ABANDONED != 0,
+            None => Arc::strong_count(self) == holders,
+        }
+    }
+
+    /// The future is gone before the outcome (see [`ABANDONED`]).
+    pub(crate) fn abandon(&self) {
+        self.state.fetch_or(ABANDONED, Ordering::AcqRel);
     }
 
     /// The op is over and its outcome taken: keep the cell for the next op on this thread, if
@@ -83,6 +146,9 @@ impl OpCell {
         let Some(c) = Arc::get_mut(&mut cell) else {
             return;
         };
+        if c.part.is_some() {
+            return;
+        }
         *c.state.get_mut() = 0;
         *c.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
         let rare = c.rare.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -104,6 +170,10 @@ impl OpCell {
     /// Record the outcome and wake the future: once, by the reactor (or by the submitting
     /// thread when the runtime refuses the op).
     pub(crate) fn complete(&self, res: Result<Done, Error>) {
+        if let Some(p) = &self.part {
+            p.done(res);
+            return;
+        }
         let state = match res {
             Ok(Done { len, imm }) => {
                 self.len.store(len, Ordering::Relaxed);
@@ -176,5 +246,73 @@ impl OpCell {
     /// Keep the buffer of a future dropped while its op is posted until the reactor lets go.
     pub(crate) fn orphan(&self, buf: Box<dyn Any + Send>) {
         self.rare().orphan = Some(buf);
+    }
+}
+
+impl Part {
+    /// This part is over: add it to the whole, and complete the whole with the last part.
+    fn done(&self, res: Result<Done, Error>) {
+        let fan = &self.whole;
+        match res {
+            Ok(d) => {
+                fan.len.fetch_add(d.len, Ordering::Relaxed);
+            }
+            Err(e) => {
+                let e = match e {
+                    Error::Batch { piece, source } => {
+                        Error::Batch { piece: piece + self.first_piece, source }
+                    }
+                    e => e,
+                };
+                let mut first = fan.error.lock().unwrap_or_else(|p| p.into_inner());
+                let lower = match (&*first, &e) {
+                    (None, _) => true,
+                    (Some(Error::Batch { piece: a, .. }), Error::Batch { piece: b, .. }) => b < a,
+                    _ => false,
+                };
+                if lower {
+                    *first = Some(e);
+                }
+            }
+        }
+        if fan.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let e = fan.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let res = match e {
+                Some(e) => Err(e),
+                None => Ok(Done { len: fan.len.load(Ordering::Relaxed), imm: None }),
+            };
+            fan.cell.complete(res);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::OpKind;
+
+    #[test]
+    fn a_fanned_out_op_completes_with_its_last_part_and_names_the_whole_batch_piece() {
+        let whole = OpCell::new();
+        let parts = OpCell::fan_out(&whole, &[0, 10, 25]);
+        parts[0].complete(Ok(Done { len: 100, imm: None }));
+        let fail = |piece| Error::Batch { piece, source: Box::new(Error::invalid(OpKind::Write, "x")) };
+        parts[2].complete(Err(fail(4)));
+        assert!(!whole.is_done(), "two parts of three are in");
+        parts[1].complete(Err(fail(3)));
+        match whole.outcome() {
+            Some(Err(Error::Batch { piece, .. })) => {
+                assert_eq!(piece, 13, "the lowest failed piece, of the whole")
+            }
+            other => panic!("{other:?}"),
+        }
+        let whole = OpCell::new();
+        let parts = OpCell::fan_out(&whole, &[0, 0]);
+        parts[1].complete(Ok(Done { len: 7, imm: None }));
+        assert!(!parts[0].abandoned(1), "the future holds the whole");
+        whole.abandon();
+        assert!(parts[0].abandoned(1), "its drop is seen by every part");
+        parts[0].complete(Ok(Done { len: 5, imm: None }));
+        assert!(matches!(whole.outcome(), Some(Ok(Done { len: 12, imm: None }))), "lengths add up");
     }
 }

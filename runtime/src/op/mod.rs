@@ -154,6 +154,7 @@ impl<B: Send + 'static, T> Drop for Op<B, T> {
         if let (Inner::Pending(_, cell), Some(buf)) = (&self.inner, self.buf.take()) {
             if !cell.is_done() {
                 cell.orphan(Box::new(buf));
+                cell.abandon();
             }
         }
     }

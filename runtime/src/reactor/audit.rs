@@ -150,8 +150,8 @@ impl Reactor {
         if !within(&mut p.asked, Duration::from_secs(1), MAX_ASKED_PER_SEC) {
             return;
         }
-        self.audit.next_token = self.audit.next_token.wrapping_add(1);
-        let token = self.audit.next_token;
+        self.audit.next_token = self.audit.next_token.wrapping_add(1) & ((1 << super::TOKEN_GROUP_SHIFT) - 1);
+        let token = (self.group << super::TOKEN_GROUP_SHIFT) | self.audit.next_token;
         self.tell(slot, Ctl::Check { token, key, addr, len: len as u64, write });
         self.audit.by_token.insert(token, k);
         let asking = Asking {

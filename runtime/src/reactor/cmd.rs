@@ -27,6 +27,11 @@ pub(crate) struct OpReq {
     pub batch: Option<Arc<Layout>>,
     /// The remote region's keys on the peer's rails 1, 2, ... (`None`: one rail).
     pub rail_keys: Option<Arc<[u64]>>,
+    /// The peer's slot in each rail group's reactor, where the op may be split across the
+    /// groups (a one-sided op whose descriptor has a key for each of the peer's rails, on a
+    /// runtime with several groups); `None` otherwise. Taken by the runtime before the op
+    /// reaches a reactor.
+    pub slots: Option<crate::runtime::Slots>,
 }
 
 impl OpReq {
@@ -39,6 +44,10 @@ impl OpReq {
 /// A lane just opened, with its address for the peer.
 pub(crate) type OpenedLane = (LaneId, Vec<u8>);
 
+/// One of our lanes to a new peer: its id, the address of the peer's lane to connect it to,
+/// and its place among the connection's lanes (0: the express lane).
+pub(crate) type PeerLane = (LaneId, Vec<u8>, usize);
+
 /// A reply channel for control commands.
 pub(crate) type Reply<T> = SyncSender<T>;
 
@@ -50,25 +59,32 @@ pub(crate) enum Cmd {
         access: Access,
         reply: Reply<Result<MemoryRegion, TransportError>>,
     },
+    /// A region registered on every rail group, whose keys peers may name in their questions
+    /// to this reactor: `mr.id` is this reactor's own registration of it.
+    Exposed {
+        mr: MemoryRegion,
+        len: usize,
+        access: Access,
+    },
     /// Deregister; then drop `keep` (memory peers could reach until now); then reply.
     Deregister {
         id: u64,
         keep: Option<Box<dyn Any + Send>>,
         reply: Option<Reply<Result<(), TransportError>>>,
     },
-    /// Open `n` lanes for a peer about to be added; replies with their addresses.
+    /// Open lanes for a peer about to be added, one on each of these rails (of this reactor's
+    /// transport); replies with their addresses.
     OpenLanes {
-        n: usize,
+        rails: Vec<usize>,
         reply: Reply<Result<Vec<OpenedLane>, TransportError>>,
     },
-    /// Connect our `lanes` to the peer's lanes at `names` (pairwise) and add the peer.
+    /// Connect our lanes to the peer's and add the peer.
     AddPeer {
         /// The peer runtime's id: ops name their peer by slot and id, so a reused slot is
         /// never mistaken for the peer an op was made for.
         id: u64,
-        lanes: Vec<LaneId>,
-        names: Vec<Vec<u8>>,
-        /// The peer's rail count: its lane i runs on `rail_of(i, rails)`.
+        lanes: Vec<PeerLane>,
+        /// The peer's rail count: its lane with place i runs on `rail_of(i, rails)`.
         rails: usize,
         label: String,
         /// Where the reactor's messages to the peer go (its control connection).

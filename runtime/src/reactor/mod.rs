@@ -37,6 +37,10 @@ const POLL_BATCH: usize = 64;
 /// Chunks asked of the scheduler per round.
 const POST_BATCH: usize = 32;
 
+/// Question tokens carry the asking reactor's rail group above this bit, so that the answer
+/// finds its way back to it.
+pub(crate) const TOKEN_GROUP_SHIFT: u32 = 27;
+
 struct InFlight {
     /// The whole request id (slot and generation).
     id: u64,
@@ -71,6 +75,8 @@ struct Peer {
     lanes: Vec<(LaneId, PeerAddr, usize)>,
     /// The same lanes, as the scheduler takes them.
     lane_ids: Arc<[LaneId]>,
+    /// The peer's rail count.
+    rails: usize,
     /// The first lane alone: messages go there.
     msg_lane: Arc<[LaneId]>,
     /// The lanes bulk rotates over: all but the first when there are several.
@@ -97,6 +103,21 @@ impl Peer {
     /// The peer's address on `lane` and the peer's rail there.
     fn route(&self, lane: LaneId) -> (PeerAddr, usize) {
         self.lanes.iter().find(|(l, ..)| *l == lane).map(|&(_, a, r)| (a, r)).expect("a lane of this peer")
+    }
+
+    /// Of `lanes`, those reaching a peer rail the op's descriptor has a key for (`keys` of
+    /// them: rails 0 to keys - 1). A descriptor of fewer rails than the peer has (the offer of
+    /// a peer whose first rail group spans only some of its rails) must not be used elsewhere.
+    fn keyed(&self, lanes: Arc<[LaneId]>, keys: usize) -> Arc<[LaneId]> {
+        if keys >= self.rails {
+            return lanes;
+        }
+        let reach: Arc<[LaneId]> = lanes.iter().copied().filter(|&l| self.route(l).1 < keys).collect();
+        if reach.is_empty() {
+            self.msg_lane.clone()
+        } else {
+            reach
+        }
     }
 }
 
@@ -135,7 +156,11 @@ pub(crate) struct Reactor {
     idle: Arc<Idle>,
     /// Rails the transport spans.
     rails: usize,
-    /// Our rail of each open lane, indexed by lane id.
+    /// The host's index of each of the transport's rails (a rail group's share of them).
+    rail_ids: Vec<usize>,
+    /// This reactor's rail group (0: the one carrying messages).
+    group: u32,
+    /// Our (host) rail of each open lane, indexed by lane id.
     lane_rail: Vec<usize>,
     /// The provider's largest message (the runtime's `max_message` may be lower): receives
     /// post at most this much, as larger messages come by rendezvous.
@@ -245,6 +270,8 @@ impl Reactor {
             generation: 0,
             disconnected: false,
             rails: t.caps().rails.max(1),
+            rail_ids: (0..t.caps().rails.max(1)).collect(),
+            group: 0,
             lane_rail: Vec::new(),
             provider_max: t.caps().max_msg_size.max(1),
             rndv: rendezvous::Rendezvous::default(),
@@ -295,6 +322,15 @@ impl Reactor {
     /// A failure the runtime reports itself, in the provider's name (no errno).
     fn local_error(&self, class: crate::error::FailureClass, text: impl Into<String>) -> TransportError {
         TransportError { provider: self.t.caps().provider.clone(), errno: 0, text: text.into(), class }
+    }
+
+    /// This reactor serves rail group `group`, whose transport spans the host's rails
+    /// `rail_ids`.
+    pub(crate) fn set_group(&mut self, group: usize, rail_ids: Vec<usize>) {
+        self.group = group as u32;
+        if rail_ids.len() == self.rails {
+            self.rail_ids = rail_ids;
+        }
     }
 
     /// Peers are lost after `t` without a heartbeat: wait for their answers at least twice
@@ -421,6 +457,10 @@ impl Reactor {
             (true, Class::Bulk) if p.lane_ids.len() > 1 => p.bulk_lanes.clone(),
             (true, _) => p.lane_ids.clone(),
         };
+        let lanes = match (one_sided, &req.rail_keys) {
+            (true, keys) => p.keyed(lanes, 1 + keys.as_ref().map_or(0, |k| k.len())),
+            (false, _) => lanes,
+        };
         // An immediate value raises one event per work request: ops carrying one are not split
         // (a batch's pieces each carry it, one work request apiece), except a plain write above
         // the largest message: its last piece alone carries the value, and goes out once the
@@ -453,6 +493,7 @@ impl Reactor {
                 }
                 let _ = reply.send(res);
             }
+            Cmd::Exposed { mr, len, access } => self.audit.exposed(&mr, len, access),
             Cmd::Deregister { id, keep, reply } => {
                 self.audit.withdrawn(id);
                 let res = self.t.deregister(id);
@@ -464,16 +505,15 @@ impl Reactor {
                     let _ = reply.send(res);
                 }
             }
-            Cmd::OpenLanes { n, reply } => {
-                let mut opened = Vec::with_capacity(n);
-                for i in 0..n {
-                    let rail = rail_of(i, self.rails);
+            Cmd::OpenLanes { rails, reply } => {
+                let mut opened = Vec::with_capacity(rails.len());
+                for rail in rails {
                     match self.t.open_lane(rail) {
                         Ok(l) => {
                             if self.lane_rail.len() <= l.0 {
                                 self.lane_rail.resize(l.0 + 1, 0);
                             }
-                            self.lane_rail[l.0] = rail;
+                            self.lane_rail[l.0] = self.rail_ids.get(rail).copied().unwrap_or(rail);
                             opened.push(l)
                         }
                         Err(e) => {
@@ -485,22 +525,25 @@ impl Reactor {
                 }
                 let _ = reply.send(Ok(opened));
             }
-            Cmd::AddPeer { id, lanes, names, rails, label, ctl, reply } => {
+            Cmd::AddPeer { id, lanes, rails, label, ctl, reply } => {
                 let res: Result<Vec<(LaneId, PeerAddr, usize)>, TransportError> = lanes
                     .iter()
-                    .zip(&names)
-                    .enumerate()
-                    .map(|(i, (&l, name))| self.t.connect_lane(l, name).map(|a| (l, a, rail_of(i, rails))))
+                    .map(|(l, name, i)| self.t.connect_lane(*l, name).map(|a| (*l, a, rail_of(*i, rails))))
                     .collect();
                 let res = res.map(|lanes| {
                     let lane_ids: Arc<[LaneId]> = lanes.iter().map(|(l, ..)| *l).collect();
                     let msg_lane = lane_ids[..1].into();
-                    let bulk_lanes = if lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
+                    // Behind the express lane (place 0), where this group holds it, bulk
+                    // rotates over the others.
+                    let express = lanes.first().is_some_and(|l| l.2 == 0);
+                    let bulk_lanes =
+                        if express && lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
                     let peer = Peer {
                         id,
                         label,
                         lanes,
                         lane_ids,
+                        rails: rails.max(1),
                         msg_lane,
                         bulk_lanes,
                         lost: None,
@@ -515,7 +558,7 @@ impl Reactor {
                     self.peers.insert(peer)
                 });
                 if res.is_err() {
-                    lanes.iter().for_each(|&l| self.t.close_lane(l));
+                    lanes.iter().for_each(|l| self.t.close_lane(l.0));
                 }
                 let _ = reply.send(res);
             }
@@ -638,7 +681,7 @@ impl Reactor {
             let h = self.held[c.op.0].as_ref().expect("scheduled ops are held");
             // Only the reactor holds the cell (here and in its posted chunks): the future was
             // dropped. Withdraw the rest.
-            if Arc::strong_count(&h.req.cell) == 1 + h.posted {
+            if h.req.cell.abandoned(1 + h.posted) {
                 self.sched.unissue(c);
                 if last_of_op {
                     if let Some(done) = self.sched.cancel(c.op) {
@@ -735,7 +778,7 @@ impl Reactor {
     /// Post one op that bypasses the scheduler, or resolve it (withdrawn, peer lost, failed);
     /// it comes back only when the provider's queue is full.
     fn post_req(&mut self, req: OpReq) -> Result<(), OpReq> {
-        if Arc::strong_count(&req.cell) == 1 {
+        if req.cell.abandoned(1) {
             Counters::add(&self.counters.withdrawn);
             return Ok(());
         }

@@ -116,7 +116,7 @@ impl Reactor {
     /// A send above the largest message: expose its buffer, offer it, and turn the request into
     /// its marker. `None` when the send failed (its cell is resolved).
     pub(super) fn offer(&mut self, mut req: OpReq) -> Option<OpReq> {
-        if Arc::strong_count(&req.cell) == 1 {
+        if req.cell.abandoned(1) {
             // Its future is gone and nothing was posted: withdraw it, as any op.
             crate::stats::Counters::add(&self.counters.withdrawn);
             return None;
@@ -135,7 +135,12 @@ impl Reactor {
         };
         self.rndv.next_token = self.rndv.next_token.wrapping_add(1);
         let token = self.rndv.next_token;
-        let keys: Vec<u64> = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).collect();
+        // The keys of the host's rails 0, 1, ... this reactor's transport spans: a descriptor
+        // names rails by host index, and the other rail groups' transports know nothing of
+        // this registration.
+        let prefix = self.rail_ids.iter().enumerate().take_while(|&(i, &r)| i == r).count().max(1);
+        let keys: Vec<u64> =
+            std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).take(prefix).collect();
         let desc = RemoteBuf::new(0, mr.remote_base, len as u64, &keys, Access::READ);
         // Known to the audit like any exposure, so the peer's questions about its reads of it
         // get true answers.
@@ -332,6 +337,7 @@ impl Reactor {
             class: Some(Class::Bulk),
             batch: None,
             rail_keys: desc.rail_keys(),
+            slots: None,
         };
         self.rndv.pulling.insert(cell_key(&cell), Pulling { slot, token, _cell: cell });
         self.accept(req);

@@ -86,6 +86,7 @@ pub(super) fn peer(r: &mut Reactor) -> (usize, UnboundedReceiver<Ctl>) {
         label: "peer".into(),
         lanes: Vec::new(),
         lane_ids: Arc::from(Vec::new()),
+        rails: 1,
         msg_lane: Arc::from(Vec::new()),
         bulk_lanes: Arc::from(Vec::new()),
         lost: None,

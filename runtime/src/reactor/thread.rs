@@ -32,13 +32,17 @@ pub(crate) struct IdlePolicy {
 /// The first nap after the idle spin.
 const NAP_MIN: Duration = Duration::from_micros(50);
 
+/// Start the thread of the reactor of rail group `group` (named `rdmalane-reactor`, or
+/// `rdmalane-rg<group>` past the first: the kernel keeps 15 bytes of a thread's name).
 pub(crate) fn spawn(
     mut reactor: Reactor,
+    group: usize,
     core: Option<usize>,
     idle: Arc<Idle>,
     policy: IdlePolicy,
 ) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new().name("rdmalane-reactor".into()).spawn(move || {
+    let name = if group == 0 { "rdmalane-reactor".to_string() } else { format!("rdmalane-rg{group}") };
+    std::thread::Builder::new().name(name).spawn(move || {
         if let Some(core) = core {
             if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
                 tracing::debug!(core, "reactor pinned");

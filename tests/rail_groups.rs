@@ -1,0 +1,184 @@
+//! One reactor per rail group, on real providers: a runtime of four rails in two groups runs
+//! two reactor threads, each with a transport of its own; bulk one-sided ops are split across
+//! them and every byte lands once, messages (large ones by rendezvous too) stay on the first
+//! group, and such a runtime meets peers of any shape.
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rdmalane::{Access, Pieces, Runtime};
+use rdmalane_conformance::{bounded, expose_to, pair, pattern, rail_providers, runtime};
+
+/// Four rails in two groups of two: `[[0, 1], [2, 3]]`.
+fn grouped(provider: &str) -> Runtime {
+    Runtime::builder()
+        .backend(rdmalane_efa::Libfabric)
+        .provider(provider)
+        .rails(4)
+        .rail_groups([[0, 1], [2, 3]])
+        // Sends above 1 MiB go by rendezvous: the receiver reads them from the sender.
+        .max_message(1 << 20)
+        .idle_spin(Duration::from_micros(50))
+        .build()
+        .unwrap_or_else(|e| panic!("grouped runtime on {provider}: {e}"))
+}
+
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+                .filter(|c| c.trim() == name)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn groups_have_reactors_of_their_own_and_bulk_spans_them() {
+    for p in rail_providers() {
+        bounded(120, async {
+            let (a, b) = (grouped(p), grouped(p));
+            assert_eq!(a.rail_groups().iter().map(|g| g.0.clone()).collect::<Vec<_>>(), [[0, 1], [2, 3]]);
+            // (Other tests of this binary may run grouped runtimes meanwhile: at least ours.)
+            assert!(threads_named("rdmalane-rg1") >= 2, "{p}: a second reactor thread each");
+            let (ab, ba) = pair(&a, &b).await;
+            const LEN: usize = 16 << 20;
+            let (target, remote) = expose_to(&ba, &ab, LEN, Access::READ_WRITE).await;
+            assert_eq!(remote.rails(), 4, "{p}: a key per rail, from both groups' transports");
+            let want = pattern(LEN, 21);
+            let mut src = a.alloc(LEN).unwrap();
+            src.copy_from_slice(&want);
+
+            // A batch of shuffled pages, split between the groups.
+            let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+            let mut l: Vec<usize> = (0..256).collect();
+            let mut r = l.clone();
+            l.shuffle(&mut rng);
+            r.shuffle(&mut rng);
+            let pieces = Pieces::pages(&l, &r, 65536).unwrap();
+            let (n, src) = ab.write_batch(src, &remote, &pieces).await;
+            assert_eq!(n.unwrap(), LEN, "{p}: the parts' bytes add up");
+            for (i, (&lp, &rp)) in l.iter().zip(&r).enumerate() {
+                assert!(
+                    target.as_slice()[rp * 65536..(rp + 1) * 65536] == want[lp * 65536..(lp + 1) * 65536],
+                    "{p}: page {i}"
+                );
+            }
+            let per_rail = a.rail_bytes();
+            assert_eq!(per_rail.iter().sum::<u64>(), LEN as u64, "{p}: every byte posted once: {per_rail:?}");
+            assert!(
+                per_rail.iter().all(|&x| x >= LEN as u64 / 16),
+                "{p}: all four rails carried a share: {per_rail:?}"
+            );
+
+            // A plain write and a read, split the same way.
+            let (res, src) = ab.write_remote(src, &remote).await;
+            res.unwrap();
+            assert!(target.as_slice() == &want[..], "{p}: whole-region write");
+            let (n, back) = ab.read_remote(a.alloc(LEN).unwrap(), &remote).await;
+            assert_eq!(n.unwrap(), LEN);
+            assert!(back[..] == want[..], "{p}: read back");
+            assert!(a.rail_bytes()[2] > per_rail[2], "{p}: the second group moved part of them");
+
+            // Pieces raising an immediate value each: counted at the target, from both groups.
+            let pieces =
+                Pieces::pages(&(0..64).collect::<Vec<_>>(), &(64..128).collect::<Vec<_>>(), 65536).unwrap();
+            let (n, src) = ab.write_batch_with_imm(src, &remote, &pieces, 77).await;
+            assert_eq!(n.unwrap(), 64 * 65536);
+            tokio::time::timeout(Duration::from_secs(10), b.wait_imm(77, 64)).await.expect("64 events");
+
+            drop(src);
+
+            // Messages, small and by rendezvous (reads on the sender's first group).
+            for len in [64usize, 3 << 20] {
+                let recv = ba.recv(b.alloc(len).unwrap()).start();
+                let msg = pattern(len, len as u64);
+                let mut out = a.alloc(len).unwrap();
+                out.copy_from_slice(&msg);
+                ab.send(out).await.0.unwrap_or_else(|e| panic!("{p}: send {len}: {e}"));
+                let (n, got) = recv.await;
+                assert_eq!(n.unwrap(), len);
+                assert!(got[..] == msg[..], "{p}: message of {len} bytes");
+            }
+            drop(target);
+        });
+    }
+}
+
+#[test]
+fn a_dropped_split_op_keeps_its_buffer_until_every_part_is_done() {
+    for p in rail_providers() {
+        bounded(90, async {
+            let (a, b) = (grouped(p), grouped(p));
+            let (ab, ba) = pair(&a, &b).await;
+            const LEN: usize = 32 << 20;
+            let (target, remote) = expose_to(&ba, &ab, LEN, Access::WRITE).await;
+            for round in 0..6u64 {
+                let mut src = a.alloc(LEN).unwrap();
+                src.copy_from_slice(&pattern(LEN, round));
+                let mut op = ab.write_remote(src, &remote);
+                // Polled once (the parts go to both reactors), then dropped mid-flight.
+                let _ = futures::poll!(&mut op);
+                tokio::time::sleep(Duration::from_micros(200 * round)).await;
+                drop(op);
+            }
+            // The runtime carries on: a last write lands whole.
+            let want = pattern(LEN, 99);
+            let mut src = a.alloc(LEN).unwrap();
+            src.copy_from_slice(&want);
+            ab.write_remote(src, &remote).await.0.unwrap();
+            assert!(target.as_slice() == &want[..], "{p}");
+            let s = a.stats();
+            assert_eq!(s.failed, 0, "{p}: {s:?}");
+        });
+    }
+}
+
+#[test]
+fn grouped_and_single_reactor_runtimes_meet_both_ways() {
+    for p in rail_providers() {
+        bounded(90, async {
+            let (a, b) = (grouped(p), runtime(p));
+            for (x, y) in [(&a, &b), (&b, &a)] {
+                let (xy, yx) = pair(x, y).await;
+                let (target, remote) = expose_to(&yx, &xy, 8 << 20, Access::READ_WRITE).await;
+                let want = pattern(8 << 20, 5);
+                let mut src = x.alloc(8 << 20).unwrap();
+                src.copy_from_slice(&want);
+                xy.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: {e}"));
+                assert!(target.as_slice() == &want[..], "{p}: bytes across shapes");
+                let (n, back) = xy.read_remote(x.alloc(8 << 20).unwrap(), &remote).await;
+                assert_eq!(n.unwrap_or_else(|e| panic!("{p}: read: {e}")), 8 << 20);
+                assert!(back[..] == want[..], "{p}: read across shapes");
+                let recv = yx.recv(y.alloc(16).unwrap()).start();
+                xy.send(x.alloc(16).unwrap()).await.0.unwrap();
+                assert_eq!(recv.await.0.unwrap(), 16);
+            }
+        });
+    }
+}
+
+#[test]
+fn bad_rail_groups_are_refused_by_name() {
+    let build = |groups: Vec<Vec<usize>>| {
+        Runtime::builder()
+            .backend(rdmalane_efa::Libfabric)
+            .provider("tcp")
+            .rails(2)
+            .rail_groups(groups)
+            .build()
+    };
+    for (groups, want) in [
+        (vec![vec![0], vec![0, 1]], "rail 0 in two rail groups"),
+        (vec![vec![0]], "rail 1 is in no rail group"),
+        (vec![vec![0, 1, 2]], "rail 2 in a rail group, of 2 rails"),
+    ] {
+        match build(groups.clone()) {
+            Err(rdmalane::Error::InvalidArgument { reason, .. }) => {
+                assert!(reason.contains(want), "{groups:?}: {reason}")
+            }
+            other => panic!("{groups:?}: {other:?}"),
+        }
+    }
+}
