@@ -2,6 +2,7 @@
 //! two reactor threads, each with a transport of its own; bulk one-sided ops are split across
 //! them and every byte lands once, messages (large ones by rendezvous too) stay on the first
 //! group, and such a runtime meets peers of any shape.
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::seq::SliceRandom;
@@ -82,15 +83,19 @@ fn groups_have_reactors_of_their_own_and_bulk_spans_them() {
             assert!(a.rail_bytes()[2] > per_rail[2], "{p}: the second group moved part of them");
 
             // Pieces raising an immediate value each: counted at the target, from both groups.
+            let second = |rt: &Runtime| rt.rail_bytes()[2] + rt.rail_bytes()[3];
+            let before = second(&a);
             let pieces =
                 Pieces::pages(&(0..64).collect::<Vec<_>>(), &(64..128).collect::<Vec<_>>(), 65536).unwrap();
             let (n, src) = ab.write_batch_with_imm(src, &remote, &pieces, 77).await;
             assert_eq!(n.unwrap(), 64 * 65536);
             tokio::time::timeout(Duration::from_secs(10), b.wait_imm(77, 64)).await.expect("64 events");
-
+            assert!(second(&a) > before, "{p}: the second group wrote some of the pieces");
             drop(src);
 
-            // Messages, small and by rendezvous (reads on the sender's first group).
+            // Messages, small and by rendezvous (the receiver reads from the sender's first
+            // group's rails): all on the first groups.
+            let (a2, b2) = (second(&a), second(&b));
             for len in [64usize, 3 << 20] {
                 let recv = ba.recv(b.alloc(len).unwrap()).start();
                 let msg = pattern(len, len as u64);
@@ -101,6 +106,7 @@ fn groups_have_reactors_of_their_own_and_bulk_spans_them() {
                 assert_eq!(n.unwrap(), len);
                 assert!(got[..] == msg[..], "{p}: message of {len} bytes");
             }
+            assert_eq!((second(&a), second(&b)), (a2, b2), "{p}: messages stayed on the first groups");
             drop(target);
         });
     }
@@ -114,15 +120,28 @@ fn a_dropped_split_op_keeps_its_buffer_until_every_part_is_done() {
             let (ab, ba) = pair(&a, &b).await;
             const LEN: usize = 32 << 20;
             let (target, remote) = expose_to(&ba, &ab, LEN, Access::WRITE).await;
+            let mut held_on = 0;
             for round in 0..6u64 {
                 let mut src = a.alloc(LEN).unwrap();
                 src.copy_from_slice(&pattern(LEN, round));
+                // Shared, so we see when the runtime lets go of it.
+                let src = Arc::new(src);
+                let weak = Arc::downgrade(&src);
                 let mut op = ab.write_remote(src, &remote);
                 // Polled once (the parts go to both reactors), then dropped mid-flight.
                 let _ = futures::poll!(&mut op);
                 tokio::time::sleep(Duration::from_micros(200 * round)).await;
                 drop(op);
+                // Kept while a part is in flight (32 MiB take milliseconds to move), and let go
+                // of once every part is done: never leaked.
+                held_on += weak.upgrade().is_some() as u32;
+                let t = std::time::Instant::now();
+                while weak.upgrade().is_some() {
+                    assert!(t.elapsed() < Duration::from_secs(10), "{p}: round {round}: buffer never let go");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
             }
+            assert!(held_on > 0, "{p}: some dropped op had parts in flight, and its buffer was kept");
             // The runtime carries on: a last write lands whole.
             let want = pattern(LEN, 99);
             let mut src = a.alloc(LEN).unwrap();

@@ -328,9 +328,11 @@ async fn meet(
     }
     let label = format!("{addr}#{:x}", them.id);
     let (ctl, outbox) = tokio::sync::mpsc::unbounded_channel();
+    // A failed add has closed the lanes itself: nothing is left to undo (an empty set of
+    // slots), and closing them again could close lanes another handshake opened since.
     let slots = rt
         .add_peer(them.id, lanes, them.names, them.rails as usize, label.clone(), ctl)
-        .map_err(|e| (e, None))?;
+        .map_err(|e| (e, Some(Slots::default())))?;
     // Both sides must know each other before the first message, or a message could reach a
     // lane not yet connected.
     let sync = async {

@@ -263,21 +263,14 @@ impl Builder {
         }
         // With several rails, one bulk lane per rail at least (behind the express lane).
         let lanes = if caps.rails > 1 { lanes.max(1 + caps.rails).min(64) } else { lanes };
-        let asked = match self.rail_groups {
-            Some(g) => Some(g),
-            None => match std::env::var("RDMALANE_RAIL_GROUPS").ok().filter(|s| !s.is_empty()) {
-                Some(v) => Some(crate::topology::parse_rail_groups(&v).ok_or_else(|| {
-                    Error::invalid(OpKind::Open, format!("RDMALANE_RAIL_GROUPS={v:?}: want e.g. 0,1;2,3"))
-                })?),
-                None => None,
-            },
-        };
-        let mut groups = match asked {
-            Some(g) => crate::topology::check_rail_groups(g, caps.rails.max(1))
+        caps.rails = caps.rails.max(1);
+        caps.rail_numa.resize(caps.rails, None);
+        let mut groups = match self.rail_groups {
+            Some(g) => crate::topology::check_rail_groups(g, caps.rails)
                 .map_err(|why| Error::invalid(OpKind::Open, why))?,
-            None => {
+            None => groups_from_env(caps.rails).unwrap_or_else(|| {
                 crate::topology::rail_groups(&caps.rail_numa).into_iter().map(|(_, rails)| rails).collect()
-            }
+            }),
         };
         if self.driver == Driver::Inline && groups.len() > 1 {
             tracing::warn!(?groups, "the inline driver runs one reactor: the rail groups are merged");
@@ -300,7 +293,7 @@ impl Builder {
             ts
         };
         let imm = Arc::new(ImmQueue::default());
-        let counters = Arc::new(Counters::default());
+        let mut counters = Vec::with_capacity(groups.len());
         let mut sched = self.sched;
         sched.apply_env();
         // Chunks must be messages the provider takes.
@@ -329,10 +322,12 @@ impl Builder {
                     .and_then(|node| crate::topology::reactor_core_for(node, &taken)),
             };
             taken.extend(core);
-            let mut reactor =
-                Reactor::new(transport, rx, imm.clone(), counters.clone(), idle.clone(), sched.clone());
+            // Each reactor writes counters of its own (plain stores, no locked instructions).
+            counters.push(Arc::new(Counters::default()));
+            let mine = counters[g].clone();
+            let mut reactor = Reactor::new(transport, rx, imm.clone(), mine, idle.clone(), sched.clone());
             reactor.set_peer_timeout(peer_timeout);
-            reactor.set_group(g, rails.clone());
+            reactor.set_group(g, groups.len(), rails.clone());
             let (thread, thread_id) =
                 match self.driver {
                     Driver::Inline => {
@@ -374,7 +369,7 @@ impl Builder {
                 caps,
                 groups: started,
                 inline,
-                regs: Mutex::new(Slab::new()),
+                regs: std::sync::RwLock::new(Slab::new()),
                 fan_min,
                 imm,
                 counters,
@@ -392,6 +387,22 @@ impl Builder {
                     .filter(|s| !s.is_empty()),
             }),
         })
+    }
+}
+
+/// The rail groups `RDMALANE_RAIL_GROUPS` names, where they fit a runtime of `rails` rails
+/// (other runtimes of the process, with other rail counts, ignore it, saying so).
+fn groups_from_env(rails: usize) -> Option<Vec<Vec<usize>>> {
+    let v = std::env::var("RDMALANE_RAIL_GROUPS").ok().filter(|s| !s.is_empty())?;
+    let groups = crate::topology::parse_rail_groups(&v)
+        .ok_or_else(|| "want rails by group, e.g. 0,1;2,3".to_string())
+        .and_then(|g| crate::topology::check_rail_groups(g, rails));
+    match groups {
+        Ok(g) => Some(g),
+        Err(why) => {
+            tracing::warn!(value = %v, rails, %why, "RDMALANE_RAIL_GROUPS ignored by this runtime");
+            None
+        }
     }
 }
 
@@ -449,11 +460,12 @@ struct Inner {
     /// The one reactor, when the caller of `block_on` drives it.
     inline: Option<Mutex<Reactor>>,
     /// Registrations on several groups (unused with one).
-    regs: Mutex<Slab<GroupRegs>>,
+    regs: std::sync::RwLock<Slab<GroupRegs>>,
     /// Bulk one-sided ops of at least this many bytes are split across the groups.
     fan_min: usize,
     imm: Arc<ImmQueue>,
-    counters: Arc<Counters>,
+    /// Each group's reactor's; the first also counts what other threads count.
+    counters: Vec<Arc<Counters>>,
     connect_timeout: Duration,
     peer_timeout: Duration,
     secret: Option<Vec<u8>>,
@@ -613,13 +625,15 @@ impl Runtime {
 
     /// A snapshot of the op counters.
     pub fn stats(&self) -> Stats {
-        self.inner.counters.snapshot()
+        Counters::snapshot(&self.inner.counters)
     }
 
     /// Bytes posted on each rail so far (one entry per rail).
     pub fn rail_bytes(&self) -> Vec<u64> {
         let rails = self.inner.caps.rails.max(1);
-        self.inner.counters.rail_bytes[..rails].iter().map(|c| c.load(Ordering::Relaxed)).collect()
+        (0..rails)
+            .map(|r| self.inner.counters.iter().map(|c| c.rail_bytes[r].load(Ordering::Relaxed)).sum())
+            .collect()
     }
 
     /// Run a future to completion on this thread. With [`Driver::Inline`] this thread also
@@ -716,7 +730,7 @@ impl Runtime {
             return self.submit_groups(req);
         }
         if self.inner.groups[0].idle.shutdown.load(Ordering::Acquire) {
-            Counters::add_shared(&self.inner.counters.rejected);
+            Counters::add_shared(&self.inner.counters[0].rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
             return;
         }
@@ -732,7 +746,7 @@ impl Runtime {
             }
         }
         if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
-            Counters::add_shared(&self.inner.counters.rejected);
+            Counters::add_shared(&self.inner.counters[0].rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
         }
     }
@@ -774,7 +788,7 @@ impl Runtime {
             self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
                 .map_err(|e| Error::from_transport(op, "-", e))
         });
-        self.inner.counters.registration_ns.fetch_add(ns, Ordering::Relaxed);
+        self.inner.counters[0].registration_ns.fetch_add(ns, Ordering::Relaxed);
         res
     }
 
@@ -818,7 +832,7 @@ impl Runtime {
             return Err(e);
         }
         let first = regs[0].0;
-        let handle = self.inner.regs.lock().unwrap_or_else(|p| p.into_inner()).insert(regs);
+        let handle = self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).insert(regs);
         let mr = MemoryRegion {
             id: handle as u64,
             desc: handle,
@@ -835,12 +849,12 @@ impl Runtime {
 
     /// The groups' own handles of region `id` (several groups), forgotten here.
     fn take_group_regs(&self, id: u64) -> Option<GroupRegs> {
-        self.inner.regs.lock().unwrap_or_else(|p| p.into_inner()).try_remove(id as usize)
+        self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).try_remove(id as usize)
     }
 
     /// Group `g`'s descriptor for the runtime's descriptor `desc` (several groups).
     fn group_desc(&self, desc: usize, g: usize) -> usize {
-        let regs = self.inner.regs.lock().unwrap_or_else(|p| p.into_inner());
+        let regs = self.inner.regs.read().unwrap_or_else(|p| p.into_inner());
         regs.get(desc).and_then(|r| r.get(g)).map_or(0, |&(_, d)| d)
     }
 
@@ -1025,25 +1039,27 @@ impl Runtime {
             .slots
             .take()
             .filter(|_| req.len() >= self.inner.fan_min && req.class != Some(crate::sched::Class::Latency));
-        let parts = match fan {
-            Some(slots) => {
-                let weights: Vec<usize> = self
-                    .inner
-                    .groups
-                    .iter()
-                    .zip(slots.iter())
-                    .map(|(g, &s)| if s == NO_SLOT { 0 } else { g.rails.len() })
-                    .collect();
-                crate::fanout::split(req, &slots, &weights)
-            }
-            None => vec![(0, req)],
+        let Some(slots) = fan else {
+            return self.submit_to(0, req);
         };
-        for (g, mut part) in parts {
-            part.seg.desc = self.group_desc(part.seg.desc, g);
-            if let Err(Cmd::Op(part)) = self.inner.groups[g].send(Cmd::Op(part)) {
-                Counters::add_shared(&self.inner.counters.rejected);
-                part.cell.complete(Err(Error::Shutdown { op: part.op }));
-            }
+        let weights: Vec<usize> = self
+            .inner
+            .groups
+            .iter()
+            .zip(slots.iter())
+            .map(|(g, &s)| if s == NO_SLOT { 0 } else { g.rails.len() })
+            .collect();
+        for (g, part) in crate::fanout::split(req, &slots, &weights) {
+            self.submit_to(g, part);
+        }
+    }
+
+    /// Hand an op (or a part) to group `g`'s reactor, naming the group's own descriptor.
+    fn submit_to(&self, g: usize, mut req: OpReq) {
+        req.seg.desc = self.group_desc(req.seg.desc, g);
+        if let Err(Cmd::Op(req)) = self.inner.groups[g].send(Cmd::Op(req)) {
+            Counters::add_shared(&self.inner.counters[0].rejected);
+            req.cell.complete(Err(Error::Shutdown { op: req.op }));
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Counters every op passes through, so tests and metrics can account for each one.
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A snapshot of the runtime's op counters.
+/// A snapshot of the runtime's op counters. On a runtime with several rail groups, each part
+/// of an op split across them counts as an op.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Ops handed to the reactor.
@@ -61,17 +62,20 @@ impl Counters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> Stats {
-        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    /// The counts of several reactors' counters together (one per rail group: each reactor
+    /// writes only its own).
+    pub(crate) fn snapshot(all: &[std::sync::Arc<Counters>]) -> Stats {
+        let l =
+            |f: fn(&Counters) -> &AtomicU64| all.iter().map(|c| f(c).load(Ordering::Relaxed)).sum::<u64>();
         Stats {
-            submitted: l(&self.submitted) + l(&self.rejected),
-            posted: l(&self.posted),
-            completed: l(&self.completed),
-            failed: l(&self.failed) + l(&self.rejected),
-            withdrawn: l(&self.withdrawn),
-            registrations: l(&self.registrations),
-            registration_ns: l(&self.registration_ns),
-            kicks: l(&self.kicks),
+            submitted: l(|c| &c.submitted) + l(|c| &c.rejected),
+            posted: l(|c| &c.posted),
+            completed: l(|c| &c.completed),
+            failed: l(|c| &c.failed) + l(|c| &c.rejected),
+            withdrawn: l(|c| &c.withdrawn),
+            registrations: l(|c| &c.registrations),
+            registration_ns: l(|c| &c.registration_ns),
+            kicks: l(|c| &c.kicks),
         }
     }
 }

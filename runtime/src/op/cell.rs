@@ -275,7 +275,9 @@ impl Part {
                 }
             }
         }
-        if fan.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let left = fan.left.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(left > 0, "a part completed twice");
+        if left == 1 {
             let e = fan.error.lock().unwrap_or_else(|p| p.into_inner()).take();
             let res = match e {
                 Some(e) => Err(e),

@@ -72,8 +72,9 @@ pub(super) struct Audit {
     next_token: u32,
     /// When in-flight ops were last looked at, and the first request generation posted since.
     swept: Option<(Instant, u64)>,
-    /// What this runtime exposed, by key (each rail's).
-    exposed: HashMap<u64, Exposure>,
+    /// What this runtime exposed, by key (each rail's), with the registration it belongs to.
+    /// Several, where rail groups' transports chose the same key for different regions.
+    exposed: HashMap<u64, Vec<(u64, Exposure)>>,
     /// The keys of each remote-access registration, by registration id.
     keys_of: HashMap<u64, Vec<u64>>,
     /// By the op cell's address.
@@ -90,9 +91,15 @@ impl Audit {
 
     /// A registration peers may reach, as they will name it.
     pub(super) fn exposed(&mut self, mr: &MemoryRegion, len: usize, access: Access) {
+        // Learnt again (with every rail group's keys): replaces what was known of it.
+        self.withdrawn(mr.id);
         let keys: Vec<u64> = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).collect();
         for &k in &keys {
-            self.exposed.insert(k, Exposure { base: mr.remote_base, len: len as u64, access });
+            let e = Exposure { base: mr.remote_base, len: len as u64, access };
+            let under = self.exposed.entry(k).or_default();
+            if !under.iter().any(|(id, _)| *id == mr.id) {
+                under.push((mr.id, e));
+            }
         }
         self.keys_of.insert(mr.id, keys);
     }
@@ -100,23 +107,37 @@ impl Audit {
     /// The registration `id` is gone.
     pub(super) fn withdrawn(&mut self, id: u64) {
         for k in self.keys_of.remove(&id).unwrap_or_default() {
-            self.exposed.remove(&k);
+            if let Some(under) = self.exposed.get_mut(&k) {
+                under.retain(|(i, _)| *i != id);
+                if under.is_empty() {
+                    self.exposed.remove(&k);
+                }
+            }
         }
     }
 
-    /// Would an op with this key, range and direction have been allowed?
+    /// Would an op with this key, range and direction have been allowed (by any region under
+    /// the key)?
     fn judge(&self, key: u64, addr: u64, len: u64, write: bool) -> Verdict {
-        let Some(e) = self.exposed.get(&key) else {
+        let Some(under) = self.exposed.get(&key) else {
             return Verdict::UnknownKey;
         };
-        let inside = addr >= e.base && addr.checked_add(len).is_some_and(|end| end <= e.base + e.len);
-        if !inside {
-            Verdict::OutOfRange
-        } else if (write && !e.access.remote_write) || (!write && !e.access.remote_read) {
-            Verdict::NotPermitted
-        } else {
-            Verdict::Allowed
-        }
+        let judge = |e: &Exposure| {
+            let inside = addr >= e.base && addr.checked_add(len).is_some_and(|end| end <= e.base + e.len);
+            if !inside {
+                Verdict::OutOfRange
+            } else if (write && !e.access.remote_write) || (!write && !e.access.remote_read) {
+                Verdict::NotPermitted
+            } else {
+                Verdict::Allowed
+            }
+        };
+        let rank = |v: Verdict| match v {
+            Verdict::Allowed => 0,
+            Verdict::NotPermitted => 1,
+            _ => 2,
+        };
+        under.iter().map(|(_, e)| judge(e)).min_by_key(|&v| rank(v)).unwrap_or(Verdict::UnknownKey)
     }
 }
 
@@ -147,7 +168,9 @@ impl Reactor {
         let Some(p) = self.peers.get_mut(slot).filter(|p| p.lost.is_none()) else {
             return;
         };
-        if !within(&mut p.asked, Duration::from_secs(1), MAX_ASKED_PER_SEC) {
+        // The peer answers all our rail groups' questions together: each asks its share.
+        let ours = MAX_ASKED_PER_SEC / self.groups.max(1);
+        if !within(&mut p.asked, Duration::from_secs(1), ours) {
             return;
         }
         self.audit.next_token = self.audit.next_token.wrapping_add(1) & ((1 << super::TOKEN_GROUP_SHIFT) - 1);
@@ -423,6 +446,29 @@ mod tests {
         r.audit.by_token.insert(token, k);
         let a = Asking { slot: 0, token, id: 1, cell: cell.clone(), verdict: None, parked, asked };
         r.audit.asking.insert(k, a);
+    }
+
+    #[test]
+    fn regions_of_rail_groups_under_one_key_are_judged_and_withdrawn_apart() {
+        // Two rail groups' transports may hand out the same key for different regions.
+        let mr =
+            |id, key, base| MemoryRegion { id, desc: 0, key, rail_keys: vec![100 + id], remote_base: base };
+        let mut a = Audit::default();
+        a.exposed(&mr(1, 7, 0x1000), 0x100, Access::READ);
+        a.exposed(&mr(2, 7, 0x9000), 0x100, Access::WRITE);
+        assert_eq!(a.judge(7, 0x1000, 8, false), Verdict::Allowed);
+        assert_eq!(a.judge(7, 0x9000, 8, true), Verdict::Allowed);
+        assert_eq!(a.judge(7, 0x9000, 8, false), Verdict::NotPermitted);
+        assert_eq!(a.judge(7, 0x5000, 8, false), Verdict::OutOfRange);
+        a.withdrawn(1);
+        assert_eq!(a.judge(7, 0x1000, 8, false), Verdict::OutOfRange, "region 1 is gone");
+        assert_eq!(a.judge(7, 0x9000, 8, true), Verdict::Allowed, "region 2 stays");
+        assert_eq!(a.judge(101, 0, 8, false), Verdict::UnknownKey);
+        // Learnt again with more keys (every group's): replaces, never duplicates.
+        a.exposed(&MemoryRegion { rail_keys: vec![102, 300], ..mr(2, 7, 0x9000) }, 0x100, Access::WRITE);
+        assert_eq!(a.exposed[&7].len(), 1);
+        a.withdrawn(2);
+        assert!(a.exposed.is_empty() && a.keys_of.is_empty());
     }
 
     #[test]

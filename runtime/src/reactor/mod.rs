@@ -160,6 +160,8 @@ pub(crate) struct Reactor {
     rail_ids: Vec<usize>,
     /// This reactor's rail group (0: the one carrying messages).
     group: u32,
+    /// How many rail groups the runtime has.
+    groups: u32,
     /// Our (host) rail of each open lane, indexed by lane id.
     lane_rail: Vec<usize>,
     /// The provider's largest message (the runtime's `max_message` may be lower): receives
@@ -272,6 +274,7 @@ impl Reactor {
             rails: t.caps().rails.max(1),
             rail_ids: (0..t.caps().rails.max(1)).collect(),
             group: 0,
+            groups: 1,
             lane_rail: Vec::new(),
             provider_max: t.caps().max_msg_size.max(1),
             rndv: rendezvous::Rendezvous::default(),
@@ -324,10 +327,11 @@ impl Reactor {
         TransportError { provider: self.t.caps().provider.clone(), errno: 0, text: text.into(), class }
     }
 
-    /// This reactor serves rail group `group`, whose transport spans the host's rails
-    /// `rail_ids`.
-    pub(crate) fn set_group(&mut self, group: usize, rail_ids: Vec<usize>) {
+    /// This reactor serves rail group `group` of `groups`, whose transport spans the host's
+    /// rails `rail_ids`.
+    pub(crate) fn set_group(&mut self, group: usize, groups: usize, rail_ids: Vec<usize>) {
         self.group = group as u32;
+        self.groups = groups.max(1) as u32;
         if rail_ids.len() == self.rails {
             self.rail_ids = rail_ids;
         }
