@@ -1,6 +1,7 @@
 //! The host's NUMA layout, from sysfs: which node a NIC sits on and which cores belong to a
 //! node, so a rail group's reactor can be pinned next to its NICs.
 use std::fs;
+use std::path::Path;
 
 /// The NUMA node of an RDMA device (`/sys/class/infiniband/<dev>/device/numa_node`), or of a
 /// network interface (`/sys/class/net/<dev>/device/numa_node`). `None` when unknown or when the
@@ -15,10 +16,17 @@ pub fn device_numa_node(dev: &str) -> Option<usize> {
     })
 }
 
+/// Where the kernel's NUMA nodes are described.
+const NODES: &str = "/sys/devices/system/node";
+
 /// The NUMA nodes of this host (`/sys/devices/system/node/node*`); `[0]` when sysfs says
 /// nothing.
 pub fn numa_nodes() -> Vec<usize> {
-    let mut nodes: Vec<usize> = fs::read_dir("/sys/devices/system/node")
+    numa_nodes_at(Path::new(NODES))
+}
+
+fn numa_nodes_at(root: &Path) -> Vec<usize> {
+    let mut nodes: Vec<usize> = fs::read_dir(root)
         .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("node")?.parse().ok()).collect())
         .unwrap_or_default();
     nodes.sort_unstable();
@@ -30,7 +38,11 @@ pub fn numa_nodes() -> Vec<usize> {
 
 /// The cores of NUMA node `node` (its `cpulist`, e.g. `0-15,32-47`).
 pub fn node_cpus(node: usize) -> Vec<usize> {
-    fs::read_to_string(format!("/sys/devices/system/node/node{node}/cpulist"))
+    node_cpus_at(Path::new(NODES), node)
+}
+
+fn node_cpus_at(root: &Path, node: usize) -> Vec<usize> {
+    fs::read_to_string(root.join(format!("node{node}/cpulist")))
         .map(|s| parse_cpulist(&s))
         .unwrap_or_default()
 }
@@ -70,10 +82,14 @@ pub fn rail_groups(rail_numa: &[Option<usize>]) -> Vec<(usize, Vec<usize>)> {
 /// core of the node not `taken` by another reactor (the first ones usually carry the OS and
 /// the application's main threads). `None` on a single-node host, where any core is as near.
 pub fn reactor_core_for(node: usize, taken: &[usize]) -> Option<usize> {
-    if numa_nodes().len() < 2 {
+    reactor_core_at(Path::new(NODES), node, taken)
+}
+
+fn reactor_core_at(root: &Path, node: usize, taken: &[usize]) -> Option<usize> {
+    if numa_nodes_at(root).len() < 2 {
         return None;
     }
-    let cpus = node_cpus(node);
+    let cpus = node_cpus_at(root, node);
     cpus.iter().rev().find(|c| !taken.contains(c)).or(cpus.last()).copied()
 }
 
@@ -135,6 +151,37 @@ mod tests {
         assert!(check_rail_groups(vec![vec![0]], 2).unwrap_err().contains("rail 1 is in no"));
         assert!(check_rail_groups(vec![vec![0, 5]], 2).unwrap_err().contains("rail 5"));
         assert!(check_rail_groups(vec![vec![0, 1], vec![]], 2).unwrap_err().contains("empty"));
+    }
+
+    /// A two-socket host as sysfs describes it, in a scratch directory.
+    fn two_nodes() -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("rdmalane-topology-{}", std::process::id()));
+        for (n, cpus) in [(0, "0-3,8-11\n"), (1, "4-7,12-15\n")] {
+            fs::create_dir_all(root.join(format!("node{n}"))).unwrap();
+            fs::write(root.join(format!("node{n}/cpulist")), cpus).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn each_nodes_reactors_take_its_last_free_cores() {
+        let root = two_nodes();
+        assert_eq!(numa_nodes_at(&root), vec![0, 1]);
+        // Rails on nodes 1, 0, 1 and 1: two groups, by node.
+        let groups = rail_groups(&[Some(1), Some(0), Some(1), Some(1)]);
+        assert_eq!(groups, vec![(1, vec![0, 2, 3]), (0, vec![1])]);
+        let mut taken = Vec::new();
+        for (node, _) in &groups {
+            taken.extend(reactor_core_at(&root, *node, &taken));
+        }
+        assert_eq!(taken, vec![15, 11], "each group's reactor on its own node");
+        // Two groups on one node (set by hand) take different cores.
+        assert_eq!(reactor_core_at(&root, 1, &[15]), Some(14));
+        // One node: any core is as near, none is chosen.
+        let one = root.join("one");
+        fs::create_dir_all(one.join("node0")).unwrap();
+        assert_eq!(reactor_core_at(&one, 0, &[]), None);
+        let _ = fs::remove_dir_all(&root);
     }
 
     #[test]
