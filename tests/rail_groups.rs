@@ -41,8 +41,13 @@ fn groups_have_reactors_of_their_own_and_bulk_spans_them() {
         bounded(120, async {
             let (a, b) = (grouped(p), grouped(p));
             assert_eq!(a.rail_groups().iter().map(|g| g.0.clone()).collect::<Vec<_>>(), [[0, 1], [2, 3]]);
-            // (Other tests of this binary may run grouped runtimes meanwhile: at least ours.)
-            assert!(threads_named("rdmalane-rg1") >= 2, "{p}: a second reactor thread each");
+            // (Other tests of this binary may run grouped runtimes meanwhile: at least ours. A new
+            // thread names itself once it runs.)
+            let t = std::time::Instant::now();
+            while threads_named("rdmalane-rg1") < 2 {
+                assert!(t.elapsed() < Duration::from_secs(5), "{p}: a second reactor thread each");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             let (ab, ba) = pair(&a, &b).await;
             const LEN: usize = 16 << 20;
             let (target, remote) = expose_to(&ba, &ab, LEN, Access::READ_WRITE).await;
@@ -199,5 +204,36 @@ fn bad_rail_groups_are_refused_by_name() {
             }
             other => panic!("{groups:?}: {other:?}"),
         }
+    }
+}
+
+#[test]
+fn a_peer_lost_mid_transfer_fails_every_part_and_the_op_once() {
+    for p in rail_providers() {
+        bounded(60, async {
+            let (a, b) = (grouped(p), grouped(p));
+            let (ab, ba) = pair(&a, &b).await;
+            const LEN: usize = 64 << 20;
+            let (target, remote) = expose_to(&ba, &ab, LEN, Access::WRITE).await;
+            let ops: Vec<_> =
+                (0..4).map(|_| ab.write_remote(a.alloc(LEN).unwrap(), &remote).start()).collect();
+            // The peer goes away with the writes in flight on both groups.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            drop((ba, target));
+            b.shutdown();
+            drop(b);
+            for op in ops {
+                match tokio::time::timeout(Duration::from_secs(20), op).await.expect("resolves").0 {
+                    Ok(n) => assert_eq!(n, LEN, "{p}: a write done before the loss is whole"),
+                    Err(e) => assert!(
+                        e.is_peer_lost() || matches!(e, rdmalane::Error::Transport { .. }),
+                        "{p}: {e}"
+                    ),
+                }
+            }
+            // Every part is accounted for.
+            let s = a.stats();
+            assert_eq!(s.completed + s.failed + s.withdrawn, s.submitted, "{p}: {s:?}");
+        });
     }
 }

@@ -38,6 +38,9 @@ struct Lane {
     fd: Option<i32>,
     addr: Option<ffi::fi_addr_t>,
     rail: usize,
+    /// Its address, and its peer's (shm only: see `shm_peers`).
+    name: Vec<u8>,
+    peer: Option<Vec<u8>>,
 }
 
 /// One rail: a NIC's (or a loopback address's) fabric, domain and address vector.
@@ -459,7 +462,12 @@ impl Transport for FabricTransport {
             return Err(self.err(r, "fi_getname"));
         }
         buf.truncate(len);
-        Ok((self.lanes.insert(Lane { ep, cq, fd, addr: None, rail }), buf))
+        let shm = self.caps.provider == "shm";
+        if shm {
+            crate::shm_peers::opened(&buf);
+        }
+        let name = if shm { buf.clone() } else { Vec::new() };
+        Ok((self.lanes.insert(Lane { ep, cq, fd, addr: None, rail, name, peer: None }), buf))
     }
 
     fn connect_lane(&mut self, lane: LaneId, name: &[u8]) -> Result<PeerAddr, TransportError> {
@@ -475,20 +483,17 @@ impl Transport for FabricTransport {
             return Err(self.err(if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) }, "fi_av_insert"));
         }
         self.lanes[lane].addr = Some(addr);
+        if self.caps.provider == "shm" {
+            self.lanes[lane].peer = Some(name.to_vec());
+        }
         Ok(addr)
     }
 
     fn close_lane(&mut self, lane: LaneId) {
-        let Some(Lane { ep, cq, addr, rail, .. }) = self.lanes.try_remove(lane) else { return };
+        let Some(Lane { ep, cq, addr, rail, name, peer, .. }) = self.lanes.try_remove(lane) else { return };
         let Some(_inside) = Teardown::enter() else { return };
-        // SAFETY: closing an endpoint we opened, once; libfabric discards what is posted on it.
-        // Then its CQ, with whatever completions it still held.
-        let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
-        if r != 0 {
-            tracing::warn!(lane, error = %fi_error(r), "fi_close(ep)");
-        }
-        // SAFETY: as above.
-        unsafe { ffi::fi_close(&mut (*cq).fid) };
+        // SAFETY: the lane's endpoint and CQ, just taken out of the transport.
+        unsafe { close_endpoint(lane, ep, cq, &name, peer.as_deref()) };
         if let Some(mut a) = addr {
             // SAFETY: removing an address this AV returned.
             unsafe { ffi::fi_av_remove(self.rails[rail].av, &mut a, 1, 0) };
@@ -801,10 +806,10 @@ impl Drop for FabricTransport {
         let Some(_inside) = Teardown::enter() else { return };
         // SAFETY: closing what we opened, endpoints first, each once; null means never opened.
         unsafe {
-            for lane in self.lanes.drain() {
-                ffi::fi_close(&mut (*lane.ep).fid);
-                ffi::fi_close(&mut (*lane.cq).fid);
+            for (id, lane) in self.lanes.iter() {
+                close_endpoint(id, lane.ep, lane.cq, &lane.name, lane.peer.as_deref());
             }
+            self.lanes.clear();
             for m in self.mrs.drain() {
                 for mr in m.fids {
                     ffi::fi_close(&mut (*mr).fid);
@@ -825,6 +830,34 @@ impl Drop for FabricTransport {
                 }
             }
         }
+    }
+}
+
+/// Close a lane's endpoint, then its CQ (with whatever completions it still held); libfabric
+/// discards what is posted on it. An shm endpoint whose peer is an endpoint of this process
+/// still serving first waits for it to close (`shm_peers`); `name` is empty on other providers.
+///
+/// # Safety
+/// `ep` and `cq` are a lane's, open, taken out of the transport: nobody uses them again.
+unsafe fn close_endpoint(
+    lane: LaneId,
+    ep: *mut ffi::fid_ep,
+    cq: *mut ffi::fid_cq,
+    name: &[u8],
+    peer: Option<&[u8]>,
+) {
+    if !name.is_empty() && !crate::shm_peers::before_close(name, peer, crate::shm_peers::PATIENCE) {
+        tracing::warn!(lane, "an shm peer endpoint of this process still serves after 1 s: closing anyway");
+    }
+    // SAFETY: the caller's contract: an endpoint and CQ of ours, closed once.
+    let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
+    if r != 0 {
+        tracing::warn!(lane, error = %fi_error(r), "fi_close(ep)");
+    }
+    // SAFETY: as above.
+    unsafe { ffi::fi_close(&mut (*cq).fid) };
+    if !name.is_empty() {
+        crate::shm_peers::closed(name);
     }
 }
 

@@ -17,6 +17,7 @@ pub mod ffi;
 mod info;
 pub mod raw;
 mod shm_files;
+mod shm_peers;
 mod util;
 
 pub use fabric::FabricTransport;
