@@ -78,6 +78,9 @@ pub struct FabricTransport {
     ctxs: Vec<Box<Ctx>>,
     efd: Arc<EventFd>,
     entries: Vec<ffi::fi_cq_data_entry>,
+    /// How long closing an shm endpoint waits for a peer endpoint of this process to close
+    /// first; none once a wait has run out (that peer is not closing: do not wait lane by lane).
+    patience: Duration,
     /// The rails' `served` counts at the last look.
     served_seen: u64,
 }
@@ -205,6 +208,7 @@ impl FabricTransport {
             })?),
             entries: vec![ffi::fi_cq_data_entry::default(); CQ_BATCH],
             served_seen: 0,
+            patience: crate::shm_peers::PATIENCE,
         };
         for (r, list) in infos.into_iter().enumerate() {
             // efa lists one entry per NIC: the rail with host index id takes the id-th (all
@@ -493,7 +497,9 @@ impl Transport for FabricTransport {
         let Some(Lane { ep, cq, addr, rail, name, peer, .. }) = self.lanes.try_remove(lane) else { return };
         let Some(_inside) = Teardown::enter() else { return };
         // SAFETY: the lane's endpoint and CQ, just taken out of the transport.
-        unsafe { close_endpoint(lane, ep, cq, &name, peer.as_deref()) };
+        if !unsafe { close_endpoint(lane, ep, cq, &name, peer.as_deref(), self.patience) } {
+            self.patience = Duration::ZERO;
+        }
         if let Some(mut a) = addr {
             // SAFETY: removing an address this AV returned.
             unsafe { ffi::fi_av_remove(self.rails[rail].av, &mut a, 1, 0) };
@@ -806,8 +812,11 @@ impl Drop for FabricTransport {
         let Some(_inside) = Teardown::enter() else { return };
         // SAFETY: closing what we opened, endpoints first, each once; null means never opened.
         unsafe {
+            let mut patience = self.patience;
             for (id, lane) in self.lanes.iter() {
-                close_endpoint(id, lane.ep, lane.cq, &lane.name, lane.peer.as_deref());
+                if !close_endpoint(id, lane.ep, lane.cq, &lane.name, lane.peer.as_deref(), patience) {
+                    patience = Duration::ZERO;
+                }
             }
             self.lanes.clear();
             for m in self.mrs.drain() {
@@ -835,7 +844,8 @@ impl Drop for FabricTransport {
 
 /// Close a lane's endpoint, then its CQ (with whatever completions it still held); libfabric
 /// discards what is posted on it. An shm endpoint whose peer is an endpoint of this process
-/// still serving first waits for it to close (`shm_peers`); `name` is empty on other providers.
+/// still serving first waits for it to close, up to `patience` (`shm_peers`); `name` is empty
+/// on other providers. False when that wait ran out.
 ///
 /// # Safety
 /// `ep` and `cq` are a lane's, open, taken out of the transport: nobody uses them again.
@@ -845,9 +855,11 @@ unsafe fn close_endpoint(
     cq: *mut ffi::fid_cq,
     name: &[u8],
     peer: Option<&[u8]>,
-) {
-    if !name.is_empty() && !crate::shm_peers::before_close(name, peer, crate::shm_peers::PATIENCE) {
-        tracing::warn!(lane, "an shm peer endpoint of this process still serves after 1 s: closing anyway");
+    patience: Duration,
+) -> bool {
+    let waited = name.is_empty() || crate::shm_peers::before_close(name, peer, patience);
+    if !waited {
+        tracing::warn!(lane, "an shm peer endpoint of this process still serves: closing anyway");
     }
     // SAFETY: the caller's contract: an endpoint and CQ of ours, closed once.
     let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
@@ -859,6 +871,7 @@ unsafe fn close_endpoint(
     if !name.is_empty() {
         crate::shm_peers::closed(name);
     }
+    waited
 }
 
 /// The NUMA node of the NIC behind `info`, from sysfs (efa and verbs devices); `None` where

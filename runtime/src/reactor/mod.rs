@@ -952,9 +952,16 @@ impl Reactor {
         while self.active > 0 && Instant::now() < deadline {
             self.reap();
         }
+        // Tell the peers first, so that they close their lanes to us as we close ours (on shm in
+        // one process, ours wait for theirs: see rdmalane-efa's shm_peers).
+        let slots: Vec<usize> = self.peers.iter().map(|(k, _)| k).collect();
+        for &slot in &slots {
+            if self.peers[slot].lost.is_none() {
+                self.tell(slot, Ctl::Goodbye { reason: "its runtime shut down".into() });
+            }
+        }
         // Close every lane: after that no request touches memory, so what is still posted
         // (receives, ops the deadline cut short) can give its buffer back.
-        let slots: Vec<usize> = self.peers.iter().map(|(k, _)| k).collect();
         for slot in slots {
             for (lane, ..) in std::mem::take(&mut self.peers[slot].lanes) {
                 self.t.close_lane(lane);
