@@ -413,46 +413,62 @@ fn keys_rdmalane_chooses_are_random_not_counters() {
 }
 
 /// Two runtimes of one process; one goes away with the other's one-sided ops in flight to it:
-/// first by dropping its endpoint and shutting down, then by shutting down with its endpoint
-/// still held. The other's ops resolve (done, or failed with the loss) and nothing crashes: on
-/// shm, peers of one process share memory, and an endpoint closed under a peer that still
-/// served it crashed inside libfabric (rdmalane-efa's shm_peers).
+/// by dropping its endpoint and shutting down, by shutting down with its endpoint still held,
+/// or both shutting down at once with ops in flight both ways. The ops resolve (done, or
+/// failed with the loss or the shutdown), and nothing crashes: on shm, peers of one process
+/// share memory, and an endpoint closed under a peer that still served it crashed inside
+/// libfabric (rdmalane-efa's shm_peers).
 #[test]
 fn a_peer_runtime_of_this_process_going_away_mid_transfer_fails_the_ops_cleanly() {
     use std::time::Duration;
     for p in rdmalane_conformance::providers() {
         bounded(90, async {
-            for keep_endpoint in [false, true] {
+            for how in ["endpoint dropped", "endpoint held", "both shut down"] {
                 let (a, b) = (runtime(p), runtime(p));
                 let (ab, ba) = pair(&a, &b).await;
                 const LEN: usize = 32 << 20;
-                let exposed = b.expose(b.alloc(LEN).unwrap(), Access::WRITE).unwrap();
-                let remote = share(&ba, &ab, exposed.descriptor()).await;
-                let ops: Vec<_> =
-                    (0..4).map(|_| ab.write_remote(a.alloc(LEN).unwrap(), &remote).start()).collect();
+                let at_b = b.expose(b.alloc(LEN).unwrap(), Access::WRITE).unwrap();
+                let at_a = a.expose(a.alloc(LEN).unwrap(), Access::WRITE).unwrap();
+                let to_b = share(&ba, &ab, at_b.descriptor()).await;
+                let to_a = share(&ab, &ba, at_a.descriptor()).await;
+                let mut ops: Vec<_> =
+                    (0..4).map(|_| ab.write_remote(a.alloc(LEN).unwrap(), &to_b).start()).collect();
+                if how == "both shut down" {
+                    ops.extend((0..4).map(|_| ba.write_remote(b.alloc(LEN).unwrap(), &to_a).start()));
+                }
                 tokio::time::sleep(Duration::from_millis(2)).await;
-                let held = if keep_endpoint {
-                    Some(ba)
-                } else {
-                    drop(ba);
-                    None
+                let held = match how {
+                    "endpoint dropped" => {
+                        drop(ba);
+                        None
+                    }
+                    _ => Some(ba),
                 };
-                b.shutdown();
+                if how == "both shut down" {
+                    let a2 = a.clone();
+                    let other = std::thread::spawn(move || a2.shutdown());
+                    b.shutdown();
+                    other.join().unwrap();
+                } else {
+                    b.shutdown();
+                }
                 for op in ops {
                     match tokio::time::timeout(Duration::from_secs(20), op).await.expect("resolves").0 {
-                        Ok(n) => assert_eq!(n, LEN, "{p}"),
+                        Ok(n) => assert_eq!(n, LEN, "{p}, {how}"),
                         Err(e) if e.is_peer_lost() => {}
-                        Err(Error::Transport { .. }) => {}
-                        Err(e) => panic!("{p}: {e}"),
+                        Err(Error::Transport { .. } | Error::Shutdown { .. }) => {}
+                        Err(e) => panic!("{p}, {how}: {e}"),
                     }
                 }
-                // The survivor learns of the loss and keeps serving others.
-                let c = runtime(p);
-                let (ac, ca) = pair(&a, &c).await;
-                let recv = ca.recv(c.alloc(16).unwrap()).start();
-                ac.send(a.alloc(16).unwrap()).await.0.unwrap_or_else(|e| panic!("{p}: {e}"));
-                assert_eq!(recv.await.0.unwrap(), 16);
-                drop((held, exposed));
+                if how != "both shut down" {
+                    // The survivor learns of the loss and keeps serving others.
+                    let c = runtime(p);
+                    let (ac, ca) = pair(&a, &c).await;
+                    let recv = ca.recv(c.alloc(16).unwrap()).start();
+                    ac.send(a.alloc(16).unwrap()).await.0.unwrap_or_else(|e| panic!("{p}: {e}"));
+                    assert_eq!(recv.await.0.unwrap(), 16);
+                }
+                drop((held, at_a, at_b));
             }
         });
     }

@@ -306,6 +306,7 @@ impl Builder {
         let mut inline = None;
         let mut started = Vec::with_capacity(groups.len());
         let mut taken = Vec::new();
+        let drained = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for (g, (rails, transport)) in groups.iter().zip(transports).enumerate() {
             let notifier = transport.notifier();
             let (tx, rx) = mpsc::channel();
@@ -327,7 +328,7 @@ impl Builder {
             let mine = counters[g].clone();
             let mut reactor = Reactor::new(transport, rx, imm.clone(), mine, idle.clone(), sched.clone());
             reactor.set_peer_timeout(peer_timeout);
-            reactor.set_group(g, groups.len(), rails.clone());
+            reactor.set_group(g, groups.len(), rails.clone(), drained.clone());
             let (thread, thread_id) =
                 match self.driver {
                     Driver::Inline => {

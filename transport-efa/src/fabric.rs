@@ -78,9 +78,10 @@ pub struct FabricTransport {
     ctxs: Vec<Box<Ctx>>,
     efd: Arc<EventFd>,
     entries: Vec<ffi::fi_cq_data_entry>,
-    /// How long closing an shm endpoint waits for a peer endpoint of this process to close
-    /// first; none once a wait has run out (that peer is not closing: do not wait lane by lane).
-    patience: Duration,
+    /// Until when closing an shm endpoint does not wait for a peer endpoint of this process to
+    /// close first: set when such a wait runs out, so that a shutdown whose peers do not close
+    /// (nobody drives them) waits once, not once per lane.
+    hurried_until: Option<std::time::Instant>,
     /// The rails' `served` counts at the last look.
     served_seen: u64,
 }
@@ -208,7 +209,7 @@ impl FabricTransport {
             })?),
             entries: vec![ffi::fi_cq_data_entry::default(); CQ_BATCH],
             served_seen: 0,
-            patience: crate::shm_peers::PATIENCE,
+            hurried_until: None,
         };
         for (r, list) in infos.into_iter().enumerate() {
             // efa lists one entry per NIC: the rail with host index id takes the id-th (all
@@ -496,9 +497,10 @@ impl Transport for FabricTransport {
     fn close_lane(&mut self, lane: LaneId) {
         let Some(Lane { ep, cq, addr, rail, name, peer, .. }) = self.lanes.try_remove(lane) else { return };
         let Some(_inside) = Teardown::enter() else { return };
+        let patience = patience(self.hurried_until);
         // SAFETY: the lane's endpoint and CQ, just taken out of the transport.
-        if !unsafe { close_endpoint(lane, ep, cq, &name, peer.as_deref(), self.patience) } {
-            self.patience = Duration::ZERO;
+        if !unsafe { close_endpoint(lane, ep, cq, &name, peer.as_deref(), patience) } {
+            self.hurried_until = Some(std::time::Instant::now() + HURRY);
         }
         if let Some(mut a) = addr {
             // SAFETY: removing an address this AV returned.
@@ -812,10 +814,11 @@ impl Drop for FabricTransport {
         let Some(_inside) = Teardown::enter() else { return };
         // SAFETY: closing what we opened, endpoints first, each once; null means never opened.
         unsafe {
-            let mut patience = self.patience;
+            let mut hurried = self.hurried_until;
             for (id, lane) in self.lanes.iter() {
+                let patience = patience(hurried);
                 if !close_endpoint(id, lane.ep, lane.cq, &lane.name, lane.peer.as_deref(), patience) {
-                    patience = Duration::ZERO;
+                    hurried = Some(std::time::Instant::now() + HURRY);
                 }
             }
             self.lanes.clear();
@@ -842,10 +845,22 @@ impl Drop for FabricTransport {
     }
 }
 
+/// After a wait for a peer endpoint of this process ran out, closes do not wait for this long.
+const HURRY: Duration = Duration::from_secs(2);
+
+/// How long a close may wait for a peer endpoint of this process (`shm_peers`).
+fn patience(hurried_until: Option<std::time::Instant>) -> Duration {
+    match hurried_until {
+        Some(t) if std::time::Instant::now() < t => Duration::ZERO,
+        _ => crate::shm_peers::PATIENCE,
+    }
+}
+
 /// Close a lane's endpoint, then its CQ (with whatever completions it still held); libfabric
 /// discards what is posted on it. An shm endpoint whose peer is an endpoint of this process
-/// still serving first waits for it to close, up to `patience` (`shm_peers`); `name` is empty
-/// on other providers. False when that wait ran out.
+/// still serving first waits for it to close, up to `patience`, progressing ours meanwhile
+/// (`shm_peers`); `name` is empty on other providers. False when that wait ran out. Nothing
+/// is closed once the process exits (as with every teardown call then).
 ///
 /// # Safety
 /// `ep` and `cq` are a lane's, open, taken out of the transport: nobody uses them again.
@@ -857,9 +872,18 @@ unsafe fn close_endpoint(
     peer: Option<&[u8]>,
     patience: Duration,
 ) -> bool {
-    let waited = name.is_empty() || crate::shm_peers::before_close(name, peer, patience);
-    if !waited {
-        tracing::warn!(lane, "an shm peer endpoint of this process still serves: closing anyway");
+    let wait = match name.is_empty() {
+        true => crate::shm_peers::Wait::Clear,
+        // SAFETY: the caller's contract: the CQ is open and ours alone; what it yields is
+        // dropped (the caller fails the lane's ops once it is closed).
+        false => crate::shm_peers::before_close(name, peer, patience, &mut || unsafe { drain(cq) }),
+    };
+    match wait {
+        crate::shm_peers::Wait::Exiting => return true,
+        crate::shm_peers::Wait::TimedOut => {
+            tracing::warn!(lane, "an shm peer endpoint of this process still serves: closing anyway")
+        }
+        crate::shm_peers::Wait::Clear => {}
     }
     // SAFETY: the caller's contract: an endpoint and CQ of ours, closed once.
     let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
@@ -871,7 +895,23 @@ unsafe fn close_endpoint(
     if !name.is_empty() {
         crate::shm_peers::closed(name);
     }
-    waited
+    wait != crate::shm_peers::Wait::TimedOut
+}
+
+/// Progress a closing lane's endpoint through its CQ, dropping what it yields (errors too, so
+/// the CQ does not stay stuck on one).
+///
+/// # Safety
+/// `cq` is open and used by nobody else meanwhile.
+unsafe fn drain(cq: *mut ffi::fid_cq) {
+    let mut entries = [ffi::fi_cq_data_entry::default(); 8];
+    // SAFETY: the caller's contract; `entries` holds 8 entries of the CQ's format.
+    let r = unsafe { ffi::fi_cq_read(cq, entries.as_mut_ptr() as *mut _, entries.len()) };
+    if r == -(ffi::FI_EAVAIL as isize) {
+        let mut e = ffi::fi_cq_err_entry::default();
+        // SAFETY: as above, one error entry into a zeroed struct we own.
+        unsafe { ffi::fi_cq_readerr(cq, &mut e, 0) };
+    }
 }
 
 /// The NUMA node of the NIC behind `info`, from sysfs (efa and verbs devices); `None` where

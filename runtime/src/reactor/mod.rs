@@ -162,6 +162,8 @@ pub(crate) struct Reactor {
     group: u32,
     /// How many rail groups the runtime has.
     groups: u32,
+    /// Reactors of the runtime done draining at shutdown (shared by all its groups).
+    drained: Arc<std::sync::atomic::AtomicUsize>,
     /// Our (host) rail of each open lane, indexed by lane id.
     lane_rail: Vec<usize>,
     /// The provider's largest message (the runtime's `max_message` may be lower): receives
@@ -275,6 +277,7 @@ impl Reactor {
             rail_ids: (0..t.caps().rails.max(1)).collect(),
             group: 0,
             groups: 1,
+            drained: Arc::default(),
             lane_rail: Vec::new(),
             provider_max: t.caps().max_msg_size.max(1),
             rndv: rendezvous::Rendezvous::default(),
@@ -329,9 +332,17 @@ impl Reactor {
 
     /// This reactor serves rail group `group` of `groups`, whose transport spans the host's
     /// rails `rail_ids`.
-    pub(crate) fn set_group(&mut self, group: usize, groups: usize, rail_ids: Vec<usize>) {
+    /// `drained`: shared by the runtime's reactors (see `shutdown`).
+    pub(crate) fn set_group(
+        &mut self,
+        group: usize,
+        groups: usize,
+        rail_ids: Vec<usize>,
+        drained: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
         self.group = group as u32;
         self.groups = groups.max(1) as u32;
+        self.drained = drained;
         if rail_ids.len() == self.rails {
             self.rail_ids = rail_ids;
         }
@@ -952,12 +963,20 @@ impl Reactor {
         while self.active > 0 && Instant::now() < deadline {
             self.reap();
         }
-        // Tell the peers first, so that they close their lanes to us as we close ours (on shm in
-        // one process, ours wait for theirs: see rdmalane-efa's shm_peers).
+        // Tell the peers, so that they close their lanes to us as we close ours (on shm in one
+        // process, ours wait for theirs: see rdmalane-efa's shm_peers). The first group tells
+        // them (the control connection is the runtime's), once every group has drained: a peer
+        // told early would fail the ops the others still drain.
+        self.drained.fetch_add(1, Ordering::AcqRel);
         let slots: Vec<usize> = self.peers.iter().map(|(k, _)| k).collect();
-        for &slot in &slots {
-            if self.peers[slot].lost.is_none() {
-                self.tell(slot, Ctl::Goodbye { reason: "its runtime shut down".into() });
+        if self.group == 0 {
+            while self.drained.load(Ordering::Acquire) < self.groups as usize && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            for &slot in &slots {
+                if self.peers[slot].lost.is_none() {
+                    self.tell(slot, Ctl::Goodbye { reason: "its runtime shut down".into() });
+                }
             }
         }
         // Close every lane: after that no request touches memory, so what is still posted
