@@ -90,15 +90,17 @@ const FREE_MAX: usize = 64;
 
 impl OpCell {
     pub(crate) fn new() -> Arc<OpCell> {
-        FREE.try_with(|f| f.borrow_mut().pop()).ok().flatten().unwrap_or_else(|| {
-            Arc::new(OpCell {
-                state: AtomicU8::new(0),
-                len: AtomicUsize::new(0),
-                imm: AtomicU64::new(0),
-                waker: Mutex::new(None),
-                rare: Mutex::new(Rare::default()),
-                part: None,
-            })
+        FREE.try_with(|f| f.borrow_mut().pop()).ok().flatten().unwrap_or_else(|| OpCell::fresh(None))
+    }
+
+    fn fresh(part: Option<Part>) -> Arc<OpCell> {
+        Arc::new(OpCell {
+            state: AtomicU8::new(0),
+            len: AtomicUsize::new(0),
+            imm: AtomicU64::new(0),
+            waker: Mutex::new(None),
+            rare: Mutex::new(Rare::default()),
+            part,
         })
     }
 
@@ -113,16 +115,7 @@ impl OpCell {
         });
         firsts
             .iter()
-            .map(|&first_piece| {
-                Arc::new(OpCell {
-                    state: AtomicU8::new(0),
-                    len: AtomicUsize::new(0),
-                    imm: AtomicU64::new(0),
-                    waker: Mutex::new(None),
-                    rare: Mutex::new(Rare::default()),
-                    part: Some(Part { whole: fan.clone(), first_piece }),
-                })
-            })
+            .map(|&first_piece| OpCell::fresh(Some(Part { whole: fan.clone(), first_piece })))
             .collect()
     }
 
