@@ -274,7 +274,7 @@ impl Builder {
         };
         if self.driver == Driver::Inline && groups.len() > 1 {
             tracing::warn!(?groups, "the inline driver runs one reactor: the rail groups are merged");
-            groups = vec![(0..caps.rails.max(1)).collect()];
+            groups = vec![(0..caps.rails).collect()];
         }
         // One transport per group: the one just opened serves a single group; several open
         // their own shares of the rails (it is closed first, as they bind the same addresses).
@@ -433,10 +433,14 @@ impl Group {
         Ok(())
     }
 
-    /// Tell the reactor to stop and, unless this is its own thread, wait for it.
-    fn stop(&self) {
+    /// Tell the reactor to stop.
+    fn signal_stop(&self) {
         self.idle.shutdown.store(true, Ordering::SeqCst);
         self.notifier.notify();
+    }
+
+    /// Wait for the reactor's thread to end, unless this is that thread.
+    fn join(&self) {
         let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         // The last handle can be dropped on the reactor thread itself (a buffer freed by a
         // completion); then the thread ends on its own.
@@ -475,16 +479,21 @@ struct Inner {
     mr_cache: MrCache,
 }
 
+impl Inner {
+    /// Stop every reactor: all are told first, so that they shut down together (the first
+    /// group says goodbye to the peers once every group has drained), then each is waited for.
+    fn stop(&self) {
+        self.groups.iter().for_each(Group::signal_stop);
+        if let Some(r) = &self.inline {
+            r.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Duration::from_secs(2));
+        }
+        self.groups.iter().for_each(Group::join);
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
-        for g in &self.groups {
-            g.idle.shutdown.store(true, Ordering::SeqCst);
-            g.notifier.notify();
-        }
-        if let Some(r) = &mut self.inline {
-            r.get_mut().unwrap_or_else(|p| p.into_inner()).shutdown(Duration::from_secs(2));
-        }
-        self.groups.iter().for_each(Group::stop);
+        self.stop();
     }
 }
 
@@ -607,15 +616,7 @@ impl Runtime {
     /// buffers), and every later op fails with `Error::Shutdown`. Dropping the last handle does
     /// the same.
     pub fn shutdown(&self) {
-        for g in &self.inner.groups {
-            g.idle.shutdown.store(true, Ordering::SeqCst);
-            g.notifier.notify();
-        }
-        if let Some(r) = &self.inner.inline {
-            let mut r = r.lock().unwrap_or_else(|p| p.into_inner());
-            r.shutdown(Duration::from_secs(2));
-        }
-        self.inner.groups.iter().for_each(Group::stop);
+        self.inner.stop();
     }
 
     /// The rail groups, one reactor each: the host rails each drives and the core its thread
@@ -631,7 +632,7 @@ impl Runtime {
 
     /// Bytes posted on each rail so far (one entry per rail).
     pub fn rail_bytes(&self) -> Vec<u64> {
-        let rails = self.inner.caps.rails.max(1);
+        let rails = self.inner.caps.rails;
         (0..rails)
             .map(|r| self.inner.counters.iter().map(|c| c.rail_bytes[r].load(Ordering::Relaxed)).sum())
             .collect()
@@ -784,7 +785,7 @@ impl Runtime {
         let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
         let (res, ns) = timed(|| {
             if self.inner.groups.len() > 1 {
-                return self.register_on_groups(ptr, len, access);
+                return self.register_on_groups(op, ptr, len, access);
             }
             self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
                 .map_err(|e| Error::from_transport(op, "-", e))
@@ -795,9 +796,14 @@ impl Runtime {
 
     /// Register on every group's transport: the region's keys are each rail's, wherever its
     /// group is; its id and descriptor name the groups' own (`regs`).
-    fn register_on_groups(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
-        let mut keys = vec![0u64; self.inner.caps.rails.max(1)];
+    fn register_on_groups(
+        &self,
+        op: OpKind,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let mut keys = vec![0u64; self.inner.caps.rails];
         let mut regs: GroupRegs = Vec::with_capacity(self.inner.groups.len());
         let mut base = None;
         let mut failure = None;
@@ -908,7 +914,7 @@ impl Runtime {
     /// Returns them in lane order with their addresses.
     pub(crate) fn open_lanes(&self, peer: &str, n: usize) -> Result<Vec<(Lane, Vec<u8>)>> {
         let groups = self.inner.groups.len();
-        let rails = self.inner.caps.rails.max(1);
+        let rails = self.inner.caps.rails;
         let at: Vec<(usize, usize)> = (0..n).map(|i| self.group_of_rail(rail_of(i, rails))).collect();
         let mut out: Vec<Option<(Lane, Vec<u8>)>> = vec![None; n];
         let mut failure = None;
