@@ -19,6 +19,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
             Engine::Raw => raw_side(&mut RawConn::server(a)?, a, false, None)?,
         }
         println!("SERVER_CPU {:.2}", cpu.pct());
+        report_probe("server", a);
         return Ok(());
     }
     let mut hist = Histogram::<u64>::new(3)?;
@@ -34,6 +35,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
             Ok(c.eng.caps().provider.clone())
         }
     })?;
+    report_probe("client", a);
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     if let Some(path) = &a.svg {
         let title = format!("{} B ping-pong over {provider} ({:?})", a.size, a.engine);
@@ -314,6 +316,24 @@ pub async fn pingpong(
         progress.tick(i);
     }
     Ok(h)
+}
+
+/// With the `probe` feature: where this side's time went, on stderr (this thread's count: the
+/// inline driver's, or the raw engine's).
+fn report_probe(side: &str, a: &Common) {
+    let Some(p) = rdmalane_efa::probe::snapshot() else { return };
+    let c = clock();
+    let ns = |t: &rdmalane_efa::probe::Tally| t.mean().map_or("-".into(), |m| format!("{:.0} ns", c.ns(m)));
+    eprintln!(
+        "probe {side} ({:?} engine): turnaround {} over {} replies; fi_cq_read {} with completions, {} \
+         without; posting a send or write {}",
+        a.engine,
+        ns(&p.turnaround),
+        p.turnaround.count,
+        ns(&p.cq_hit),
+        ns(&p.cq_empty),
+        ns(&p.post)
+    );
 }
 
 /// The clock samples are taken with: perftest's, the time-stamp counter (a VM's OS clock can

@@ -15,6 +15,7 @@ use slab::Slab;
 use crate::exit_guard::{self, Teardown};
 use crate::ffi;
 use crate::info::{self, InfoList};
+use crate::probe;
 use crate::util::{classify, fi_error, terr};
 use rdmalane_wake::EventFd;
 
@@ -621,6 +622,11 @@ impl Transport for FabricTransport {
             };
         }
         let total: usize = wr.local.iter().map(|s| s.len).sum();
+        let t0 = probe::start();
+        let reply = matches!(wr.kind, WrKind::Send { .. } | WrKind::Write { .. });
+        if reply {
+            probe::reply(t0);
+        }
         let context = self.ctx(wr.id);
         let more = if wr.more { ffi::FI_MORE as u64 } else { 0 };
         let mut flags = ffi::FI_COMPLETION as u64 | more;
@@ -657,6 +663,7 @@ impl Transport for FabricTransport {
                     // Small payloads go inline: copied now, no completion to wait for.
                     // SAFETY: the provider copies `total` bytes from valid memory before returning.
                     let r = unsafe { ffi::fi_inject(ep, iov[0].iov_base, total, wr.peer) };
+                    probe::posted(t0);
                     return match r {
                         0 => Ok(Posted::Completed),
                         r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
@@ -673,6 +680,9 @@ impl Transport for FabricTransport {
                 unsafe { ffi::fi_recvmsg(ep, &msg, ffi::FI_COMPLETION as u64) }
             }
         };
+        if reply {
+            probe::posted(t0);
+        }
         match ret {
             0 => Ok(Posted::Queued),
             r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
@@ -691,8 +701,10 @@ impl Transport for FabricTransport {
             if room == 0 {
                 break;
             }
+            let t0 = probe::start();
             // SAFETY: `entries` holds CQ_BATCH entries of the format the CQ was opened with.
             let r = unsafe { ffi::fi_cq_read(lane.cq, entries.as_mut_ptr() as *mut _, room) };
+            probe::cq_read(t0, r > 0);
             if r > 0 {
                 for e in &entries[..r as usize] {
                     if e.flags & ffi::FI_REMOTE_WRITE as u64 != 0 {

@@ -15,6 +15,7 @@ mod exit_guard;
 pub mod fabric;
 pub mod ffi;
 mod info;
+pub mod probe;
 pub mod raw;
 mod shm_files;
 mod shm_peers;

@@ -26,6 +26,15 @@ impl Cycles {
         ticks()
     }
 
+    /// `ticks` of the counter in nanoseconds.
+    pub fn ns(&self, ticks: f64) -> f64 {
+        if self.per_ns > 0.0 {
+            ticks / self.per_ns
+        } else {
+            0.0
+        }
+    }
+
     /// Nanoseconds since `start` (a value of [`now`](Self::now)); `None` when the counter went
     /// back (the thread moved to a CPU whose counter is behind) or does not run.
     pub fn since(&self, start: u64) -> Option<u64> {
@@ -34,14 +43,16 @@ impl Cycles {
     }
 }
 
+/// The counter now (as [`Cycles::now`], for code that keeps no calibrated clock).
 #[cfg(target_arch = "x86_64")]
-fn ticks() -> u64 {
+pub fn ticks() -> u64 {
     // SAFETY: rdtsc only reads the time-stamp counter; it has no preconditions on x86_64.
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
+/// The counter now: elsewhere, nanoseconds since the first read.
 #[cfg(not(target_arch = "x86_64"))]
-fn ticks() -> u64 {
+pub fn ticks() -> u64 {
     static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }

@@ -3,7 +3,7 @@
 //! wake it. Also the cycle counter the benchmarks time round trips with ([`Cycles`]).
 mod cycles;
 
-pub use cycles::Cycles;
+pub use cycles::{ticks, Cycles};
 use std::io;
 use std::time::Duration;
 
