@@ -404,6 +404,38 @@ fn an_op_parked_on_one_inline_driver_completes_when_another_thread_reaps_it() {
 }
 
 #[test]
+fn another_thread_registers_and_stops_while_an_inline_driver_holds_the_reactor() {
+    // The thread in block_on holds the reactor until it returns: another thread's registration
+    // is served by its turns, and another thread's stop is carried out by it, failing what its
+    // future waits for, within the stop's bound.
+    let _guard = watchdog(60);
+    for p in providers() {
+        let (a, _b, ab, _ba, _target, _remote) = inline_pair(p, 4096);
+        let (go, started) = std::sync::mpsc::channel();
+        let other = {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                started.recv().unwrap();
+                let buf = a.alloc(4096).expect("registered by the holder's turns");
+                assert_eq!(buf.len(), 4096);
+                let t = Instant::now();
+                a.shutdown();
+                t.elapsed()
+            })
+        };
+        // A receive nobody answers waits under block_on until the stop fails it.
+        let (r, _) = a.block_on(async {
+            let op = ab.recv(a.alloc(64).unwrap());
+            go.send(()).unwrap();
+            op.await
+        });
+        assert!(matches!(r, Err(Error::Shutdown { .. })), "{p}: {r:?}");
+        let took = other.join().unwrap();
+        assert!(took < Duration::from_secs(4), "{p}: the stop took {took:?}");
+    }
+}
+
+#[test]
 fn connecting_where_nobody_listens_fails_in_time() {
     bounded(20, async {
         let a = runtime(rdmalane_conformance::main_provider());

@@ -325,11 +325,12 @@ fn report_probe(side: &str, a: &Common) {
     let c = clock();
     let ns = |t: &rdmalane_efa::probe::Tally| t.mean().map_or("-".into(), |m| format!("{:.0} ns", c.ns(m)));
     eprintln!(
-        "probe {side} ({:?} engine): turnaround {} over {} replies; fi_cq_read {} with completions, {} \
-         without; posting a send or write {}",
+        "probe {side} ({:?} engine): turnaround {} over {} replies; lookout {}; fi_cq_read {} with \
+         completions, {} without; posting a send or write {}",
         a.engine,
         ns(&p.turnaround),
         p.turnaround.count,
+        ns(&p.lookout),
         ns(&p.cq_hit),
         ns(&p.cq_empty),
         ns(&p.post)

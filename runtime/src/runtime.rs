@@ -17,9 +17,10 @@ use crate::error::{Error, OpKind, Result, TransportError};
 use crate::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::op::OpCell;
 use crate::reactor::cmd::{Cmd, OpReq, PeerLane};
+use crate::reactor::inline::{with_held, Slot};
 use crate::reactor::rail_of;
 use crate::reactor::thread::{self, Idle, IdlePolicy};
-use crate::reactor::Reactor;
+use crate::reactor::{Reactor, SHUTDOWN_LIMIT};
 use crate::sched::{SchedConfig, TenantId};
 use crate::stats::{Counters, Stats};
 use crate::transport::{Access, Backend, Caps, LaneId, MemoryRegion, Notify, TransportConfig};
@@ -36,7 +37,8 @@ pub enum Driver {
     Thread,
     /// No thread: the caller of [`Runtime::block_on`] drives the reactor between polls of its
     /// future (run-to-completion, one core for app and NIC). Nothing progresses outside
-    /// `block_on`.
+    /// `block_on`. The thread in `block_on` holds the reactor until it returns: another
+    /// thread's ops and registrations wait for its turns, so its future must not block on them.
     Inline,
 }
 
@@ -332,7 +334,7 @@ impl Builder {
             let (thread, thread_id) =
                 match self.driver {
                     Driver::Inline => {
-                        inline = Some(Mutex::new(reactor));
+                        inline = Some(Slot::new(reactor));
                         (None, None)
                     }
                     Driver::Thread => {
@@ -463,7 +465,7 @@ struct Inner {
     /// One per rail group; the first holds rail 0 and takes messages and small ops.
     groups: Vec<Group>,
     /// The one reactor, when the caller of `block_on` drives it.
-    inline: Option<Mutex<Reactor>>,
+    inline: Option<Slot>,
     /// Registrations on several groups (unused with one).
     regs: std::sync::RwLock<Slab<GroupRegs>>,
     /// Bulk one-sided ops of at least this many bytes are split across the groups.
@@ -484,8 +486,17 @@ impl Inner {
     /// group says goodbye to the peers once every group has drained), then each is waited for.
     fn stop(&self) {
         self.groups.iter().for_each(Group::signal_stop);
-        if let Some(r) = &self.inline {
-            r.lock().unwrap_or_else(|p| p.into_inner()).shutdown(Duration::from_secs(2));
+        if let Some(slot) = &self.inline {
+            // A `block_on` on another thread may hold the reactor: it shuts it down itself on
+            // seeing the stop (at its next turn), and this waits for that, bounded.
+            let deadline = std::time::Instant::now() + SHUTDOWN_LIMIT + Duration::from_secs(1);
+            let idle = &self.groups[0].idle;
+            while slot.with(self.id, |r| r.shutdown(SHUTDOWN_LIMIT)).is_none()
+                && !idle.stopped.load(Ordering::Acquire)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_micros(100));
+            }
         }
         self.groups.iter().for_each(Group::join);
     }
@@ -641,9 +652,10 @@ impl Runtime {
     /// Run a future to completion on this thread. With [`Driver::Inline`] this thread also
     /// drives the reactor, busy-polling; otherwise it parks until woken.
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
-        let Some(reactor) = &self.inner.inline else {
+        let Some(slot) = &self.inner.inline else {
             return futures::executor::block_on(fut);
         };
+        let (id, idle) = (self.inner.id, &self.inner.groups[0].idle);
         let mut fut = std::pin::pin!(fut);
         let flag = Arc::new(Flag(AtomicBool::new(true)));
         let waker = Waker::from(flag.clone());
@@ -655,6 +667,8 @@ impl Runtime {
             reap: REAP_IN_POLL.get(),
             budget: BUDGET.get(),
         };
+        // The reactor stays on this thread until this returns (see `inline`).
+        let mut hold = slot.hold(id);
         let mut kicks = crate::op::cell::driver_kicks();
         loop {
             // Poll only when woken, or when a parked op completed (any in the process: the
@@ -670,12 +684,16 @@ impl Runtime {
                     return v;
                 }
             }
-            // Another thread may be driving; then just let it.
-            match reactor.try_lock() {
-                Ok(mut r) => {
-                    r.turn();
+            let turned = with_held(id, (), |r, ()| {
+                if idle.shutdown.load(Ordering::Relaxed) {
+                    // A stop from another thread waits for this (it finds the slot empty).
+                    r.shutdown(SHUTDOWN_LIMIT);
                 }
-                Err(_) => std::hint::spin_loop(),
+                r.turn();
+            });
+            // Another thread's `block_on` holds it: take it once it is back.
+            if turned.is_err() && !hold.retake() {
+                std::hint::spin_loop();
             }
         }
     }
@@ -688,28 +706,17 @@ impl Runtime {
     /// On the thread inside this runtime's inline `block_on`, with nobody else turning: one
     /// turn of the reactor now, at most once per poll of the driver's future. False where that
     /// is not the case.
-    pub(crate) fn turn_inline(&self) -> bool {
+    /// (`rt`: the runtime's id.)
+    pub(crate) fn turn_inline(rt: u64) -> bool {
         // Once per poll: a future looping over ops that keep completing as they are polled
         // would otherwise never return, starving whatever it is joined with.
-        if !REAP_IN_POLL.replace(false) {
-            return false;
-        }
-        match (&self.inner.inline, DRIVING.get()) {
-            (Some(reactor), true) => match reactor.try_lock() {
-                Ok(mut r) => {
-                    r.turn();
-                    true
-                }
-                Err(_) => false,
-            },
-            _ => false,
-        }
+        REAP_IN_POLL.replace(false) && with_held(rt, (), |r, ()| r.turn()).is_ok()
     }
 
-    /// Is `cx` the waker of this runtime's inline driver on this thread? An op polled with it
+    /// Is `cx` the waker of runtime `rt`'s inline driver on this thread? An op polled with it
     /// needs no waker of its own: the driver polls again when a parked op completes.
-    pub(crate) fn drives_here(&self, cx: &Context<'_>) -> bool {
-        DRIVER.with_borrow(|d| matches!(d, Some((id, w)) if *id == self.id() && cx.waker().will_wake(w)))
+    pub(crate) fn drives_here(rt: u64, cx: &Context<'_>) -> bool {
+        DRIVER.with_borrow(|d| matches!(d, Some((id, w)) if *id == rt && cx.waker().will_wake(w)))
     }
 
     /// Inside an inline driver's `block_on`: spend one unit of the budget of op polls the
@@ -727,7 +734,9 @@ impl Runtime {
     /// Hand an op to the reactor; on shutdown the op fails at once.
     /// `polled`: the op's cell, when its future is being polled: an op not done at posting then
     /// reaps at once, under the same lock (the inline turn its poll would take next).
-    pub(crate) fn submit(&self, req: OpReq, polled: Option<&OpCell>) {
+    /// Takes the op's handle on the runtime, and lets go of it once the op is posted (off the
+    /// latency path).
+    pub(crate) fn submit(self, req: OpReq, polled: Option<&OpCell>) {
         if self.inner.groups.len() > 1 {
             return self.submit_groups(req);
         }
@@ -736,17 +745,15 @@ impl Runtime {
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
             return;
         }
-        // Inside the inline driver's block_on, with nobody turning right now: post at once,
-        // skipping the queue hop. Outside block_on, ops wait for the driver like any other.
-        if let (Some(reactor), true) = (&self.inner.inline, DRIVING.get()) {
-            if let Ok(mut r) = reactor.try_lock() {
-                r.submit_now(req);
-                if polled.is_some_and(|c| !c.is_done()) && REAP_IN_POLL.replace(false) {
-                    r.turn();
-                }
-                return;
+        // Inside the inline driver's block_on, which holds the reactor: post at once, skipping
+        // the queue hop. Elsewhere ops wait for the driver like any other.
+        let posted = with_held(self.inner.id, req, |r, req| {
+            r.submit_now(req);
+            if polled.is_some_and(|c| !c.is_done()) && REAP_IN_POLL.replace(false) {
+                r.turn();
             }
-        }
+        });
+        let Err(req) = posted else { return };
         if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
             Counters::add_shared(&self.inner.counters[0].rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
@@ -767,10 +774,8 @@ impl Runtime {
         }
         loop {
             // The inline driver may be nobody right now: turn the reactor ourselves.
-            if let Some(reactor) = &self.inner.inline {
-                if let Ok(mut r) = reactor.try_lock() {
-                    r.turn();
-                }
+            if let Some(slot) = &self.inner.inline {
+                slot.with(self.inner.id, Reactor::turn);
                 match rx.try_recv() {
                     Ok(v) => return Ok(v),
                     Err(mpsc::TryRecvError::Empty) => continue,

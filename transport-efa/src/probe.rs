@@ -39,6 +39,10 @@ pub struct Probe {
     /// From the end of a read that returned completions to the start of the next send or
     /// write: the caller's turnaround, a ping-pong's reply.
     pub turnaround: Tally,
+    /// From a send or write posted to the next read of the completion queue: what the caller
+    /// does before it looks for the answer (on a ping-pong's client, on its latency path when
+    /// the answer comes sooner).
+    pub lookout: Tally,
 }
 
 thread_local! {
@@ -47,7 +51,10 @@ thread_local! {
         cq_empty: Tally { ticks: 0, count: 0 },
         post: Tally { ticks: 0, count: 0 },
         turnaround: Tally { ticks: 0, count: 0 },
+        lookout: Tally { ticks: 0, count: 0 },
     }) };
+    /// When the last send or write was posted (0: a read followed it).
+    static LAST_POST: Cell<u64> = const { Cell::new(0) };
     /// When the last read that returned completions ended (0: a send or write followed it).
     static LAST_HIT: Cell<u64> = const { Cell::new(0) };
 }
@@ -83,6 +90,10 @@ pub(crate) fn cq_read(t0: u64, found: bool) {
     }
     let now = rdmalane_wake::ticks();
     let d = now.saturating_sub(t0);
+    let posted = LAST_POST.replace(0);
+    if posted != 0 {
+        update(|p| p.lookout.add(t0.saturating_sub(posted)));
+    }
     if found {
         LAST_HIT.set(now);
         update(|p| p.cq_hit.add(d));
@@ -108,8 +119,9 @@ pub(crate) fn reply(t0: u64) {
 #[inline(always)]
 pub(crate) fn posted(t0: u64) {
     if ON {
-        let d = rdmalane_wake::ticks().saturating_sub(t0);
-        update(|p| p.post.add(d));
+        let now = rdmalane_wake::ticks();
+        LAST_POST.set(now);
+        update(|p| p.post.add(now.saturating_sub(t0)));
     }
 }
 
@@ -131,6 +143,7 @@ mod tests {
             assert_eq!((p.cq_hit.count, p.cq_empty.count), (1, 1));
             assert_eq!(p.turnaround.count, 1, "{p:?}");
             assert_eq!(p.post.count, 1);
+            assert_eq!(p.lookout.count, 1, "one read after the post: {p:?}");
         }
     }
 }

@@ -5,7 +5,7 @@
 //! The buffer itself stays in the future while the future lives (tokio-uring's lifecycle): the
 //! cell holds it only once the future is gone ("Ignored").
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
@@ -35,17 +35,44 @@ const PARKED: u8 = 8;
 /// the cell's only holder.)
 const ABANDONED: u8 = 16;
 
-/// Bumped by each completion of a parked op: an inline driver that sees it change polls its
-/// future again.
+/// Bumped by each completion of an op parked by another thread's inline driver: a driver that
+/// sees it change polls its future again.
 static DRIVER_KICKS: AtomicU64 = AtomicU64::new(0);
 
-/// The count inline drivers compare between polls.
+/// Hands out [`THREAD_TOKEN`]s.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Completions of ops this thread's driver parked, completed on this thread (the common
+    /// case: the driver turns the reactor itself), counted without an atomic.
+    static LOCAL_KICKS: Cell<u64> = const { Cell::new(0) };
+    /// This thread's name in a cell's `parker` (0: not yet given one).
+    static THREAD_TOKEN: Cell<u64> = const { Cell::new(0) };
+}
+
+/// This thread's token, given on first use.
+fn thread_token() -> u64 {
+    THREAD_TOKEN.with(|t| match t.get() {
+        0 => {
+            let v = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+            t.set(v);
+            v
+        }
+        v => v,
+    })
+}
+
+/// The count an inline driver compares between polls: it changes with every completion of an
+/// op it parked (and now and then with another thread's).
 pub(crate) fn driver_kicks() -> u64 {
-    DRIVER_KICKS.load(Ordering::Acquire)
+    DRIVER_KICKS.load(Ordering::Acquire).wrapping_add(LOCAL_KICKS.get())
 }
 
 pub(crate) struct OpCell {
     state: AtomicU8,
+    /// The [`thread_token`] of the driver that parked the op, if one did: a completion on that
+    /// thread kicks it without an atomic.
+    parker: AtomicU64,
     len: AtomicUsize,
     imm: AtomicU64,
     waker: Mutex<Option<Waker>>,
@@ -96,6 +123,7 @@ impl OpCell {
     fn fresh(part: Option<Part>) -> Arc<OpCell> {
         Arc::new(OpCell {
             state: AtomicU8::new(0),
+            parker: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             imm: AtomicU64::new(0),
             waker: Mutex::new(None),
@@ -136,17 +164,27 @@ impl OpCell {
     /// The op is over and its outcome taken: keep the cell for the next op on this thread, if
     /// nobody else holds it any more (else it is freed by the last holder, as usual).
     pub(crate) fn recycle(mut cell: Arc<OpCell>) {
-        let Some(c) = Arc::get_mut(&mut cell) else {
-            return;
-        };
-        if c.part.is_some() {
+        // No weak reference to a cell is ever made, so a count of one means nobody else holds
+        // it; the fence orders this after the reactor's release of it. Checked this way, not
+        // with `Arc::get_mut`, which costs an atomic read-modify-write.
+        if Arc::strong_count(&cell) != 1 || cell.part.is_some() {
             return;
         }
-        *c.state.get_mut() = 0;
-        *c.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
-        let rare = c.rare.get_mut().unwrap_or_else(|p| p.into_inner());
-        if rare.error.is_some() || rare.orphan.is_some() {
-            return;
+        std::sync::atomic::fence(Ordering::Acquire);
+        let state = cell.state.load(Ordering::Relaxed);
+        if state & WAITING == 0 && state & OUTCOME != FAILED {
+            // Succeeded without a waker: there is nothing in the locks to clear.
+            cell.state.store(0, Ordering::Relaxed);
+        } else {
+            let Some(c) = Arc::get_mut(&mut cell) else {
+                return;
+            };
+            *c.state.get_mut() = 0;
+            *c.waker.get_mut().unwrap_or_else(|p| p.into_inner()) = None;
+            let rare = c.rare.get_mut().unwrap_or_else(|p| p.into_inner());
+            if rare.error.is_some() || rare.orphan.is_some() {
+                return;
+            }
         }
         let _ = FREE.try_with(|f| {
             let mut f = f.borrow_mut();
@@ -195,7 +233,12 @@ impl OpCell {
             }
         }
         if prev & PARKED != 0 {
-            DRIVER_KICKS.fetch_add(1, Ordering::Release);
+            // The fetch_or above saw the park, so it sees the token stored before it.
+            if self.parker.load(Ordering::Relaxed) == thread_token() {
+                LOCAL_KICKS.set(LOCAL_KICKS.get().wrapping_add(1));
+            } else {
+                DRIVER_KICKS.fetch_add(1, Ordering::Release);
+            }
         }
     }
 
@@ -233,6 +276,7 @@ impl OpCell {
     /// Let the completion bump [`DRIVER_KICKS`] rather than wake anyone: for an op polled by
     /// this thread's inline driver with its own waker. True if the outcome is already in.
     pub(crate) fn park(&self) -> bool {
+        self.parker.store(thread_token(), Ordering::Relaxed);
         self.state.fetch_or(PARKED, Ordering::AcqRel) & OUTCOME != 0
     }
 

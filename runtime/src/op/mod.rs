@@ -21,14 +21,20 @@ enum Inner {
     Ready(Option<Result<Done, Error>>),
     /// Built, not yet handed to the reactor: nothing happens before the first poll.
     Unsubmitted(Runtime, Option<OpReq>),
-    /// Handed to the reactor; the runtime is kept to turn an inline driver's reactor from here.
-    Pending(Runtime, Arc<OpCell>),
+    /// Handed to the reactor. Only the runtime's id is kept (to turn its reactor from here
+    /// where this thread's inline driver holds it): the handle went with the request, let go
+    /// of once the op was posted, off the latency path. (The op's buffer keeps the runtime
+    /// alive where it is a registered buffer.)
+    Pending(u64, Arc<OpCell>),
 }
 
 /// An operation. Nothing happens until it is first polled (then it is handed to the reactor);
 /// it resolves to the result and the buffer. Dropping it at any point is safe: before posting it
 /// is withdrawn, after posting the reactor keeps the buffer until the completion arrives.
-/// `.class(..)` and `.tenant(..)` set how the fair-share scheduler serves it.
+/// `.class(..)` and `.tenant(..)` set how the fair-share scheduler serves it. Once handed to
+/// the reactor an op holds no handle on the runtime: its buffer keeps the runtime alive where
+/// it is registered memory, and otherwise the runtime's last handle going fails it with
+/// `Error::Shutdown`, as `Runtime::shutdown` does.
 #[must_use = "an op does nothing useful unless awaited (dropping it cancels what is not posted)"]
 pub struct Op<B: Send + 'static, T = usize> {
     inner: Inner,
@@ -81,8 +87,8 @@ impl<B: Send + 'static, T> Op<B, T> {
         if let Inner::Unsubmitted(rt, Some(req)) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
             // Pending before the reactor sees it: should anything in `submit` (another op's
             // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
-            self.inner = Inner::Pending(rt, req.cell.clone());
-            if let Inner::Pending(rt, cell) = &self.inner {
+            self.inner = Inner::Pending(rt.id(), req.cell.clone());
+            if let Inner::Pending(_, cell) = &self.inner {
                 rt.submit(req, polled.then_some(&**cell));
             }
         }
@@ -94,7 +100,7 @@ impl<B: Send + 'static, T> Op<B, T> {
 
     /// The outcome of a submitted op, if it is in: looked at before an inline turn, after it,
     /// and when registering how to be woken (a completion may land in between).
-    fn outcome(cell: &OpCell, rt: &Runtime, cx: &mut Context<'_>) -> Option<Result<Done, Error>> {
+    fn outcome(cell: &OpCell, rt: u64, cx: &mut Context<'_>) -> Option<Result<Done, Error>> {
         if let Some(o) = cell.outcome() {
             return Some(o);
         }
@@ -102,14 +108,14 @@ impl<B: Send + 'static, T> Op<B, T> {
         // queue then resolves this poll instead of a wake-up and a second trip through the
         // caller's futures. (Not before the first look: a turn can cost a provider's progress
         // call, which an op completed at posting does not need.)
-        if rt.turn_inline() {
+        if Runtime::turn_inline(rt) {
             if let Some(o) = cell.outcome() {
                 return Some(o);
             }
         }
         // Awaited directly by the inline driver of this thread: it polls again when a parked
         // op completes, so no waker is stored or woken.
-        let done = if rt.drives_here(cx) { cell.park() } else { cell.register(cx.waker()) };
+        let done = if Runtime::drives_here(rt, cx) { cell.park() } else { cell.register(cx.waker()) };
         if done {
             cell.outcome()
         } else {
@@ -132,7 +138,7 @@ impl<B: Send + 'static, T> Future for Op<B, T> {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                match Self::outcome(cell, rt, cx) {
+                match Self::outcome(cell, *rt, cx) {
                     Some(o) => o,
                     None => return Poll::Pending,
                 }

@@ -4,6 +4,7 @@
 //! caller of `Runtime::block_on` (inline driver).
 mod audit;
 pub(crate) mod cmd;
+pub(crate) mod inline;
 mod rendezvous;
 #[cfg(test)]
 mod testing;
@@ -31,6 +32,9 @@ use crate::transport::{
 };
 use cmd::{Cmd, OpReq};
 use thread::Idle;
+
+/// How long a stopping reactor waits for its posted ops to complete.
+pub(crate) const SHUTDOWN_LIMIT: Duration = Duration::from_secs(2);
 
 /// Completions reaped per poll call.
 const POLL_BATCH: usize = 64;
@@ -936,7 +940,11 @@ impl Reactor {
 
     /// Fail everything queued, wait (bounded) for posted ops, then close every lane (after
     /// which no NIC touches a posted buffer) and fail what never completed.
+    /// Once: later calls return at once.
     pub(crate) fn shutdown(&mut self, limit: Duration) {
+        if self.closing {
+            return;
+        }
         self.closing = true;
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
@@ -1005,5 +1013,6 @@ impl Reactor {
             self.audit_lost(slot, None);
         }
         self.active = 0;
+        self.idle.stopped.store(true, Ordering::Release);
     }
 }

@@ -15,6 +15,8 @@ pub(crate) struct Idle {
     pub sleeping: AtomicBool,
     /// Stop after draining.
     pub shutdown: AtomicBool,
+    /// The reactor has shut down.
+    pub stopped: AtomicBool,
     /// Commands sent and not yet taken: lets the reactor skip the channel when it is empty.
     pub commands: AtomicUsize,
 }
@@ -96,6 +98,6 @@ pub(crate) fn spawn(
                 nap = NAP_MIN;
             }
         }
-        reactor.shutdown(Duration::from_secs(2));
+        reactor.shutdown(super::SHUTDOWN_LIMIT);
     })
 }
