@@ -6,8 +6,8 @@ use std::sync::Arc;
 use crate::batch::{Layout, Pieces};
 use crate::buf::{IoBuf, IoBufMut};
 use crate::error::{Error, OpKind};
-use crate::op::{len_of, Op, OpCell};
-use crate::reactor::cmd::OpReq;
+use crate::op::Op;
+use crate::reactor::cmd::Draft;
 use crate::remote::RemoteBuf;
 use crate::runtime::{Runtime, Slots};
 use crate::transport::WrKind;
@@ -137,7 +137,7 @@ impl Endpoint {
             });
         let layout = match layout {
             Ok(l) => l,
-            Err(e) => return Op::failed(e, buf, len_of),
+            Err(e) => return Op::failed(e, buf),
         };
         let (remote_addr, key) = (remote.addr(), remote.key());
         let kind = match op {
@@ -218,7 +218,7 @@ impl Endpoint {
             .and_then(|_| self.check_remote(op, remote))
             .and_then(|_| self.check_imm(op, imm));
         if let Err(e) = check {
-            return Op::failed(e, buf, len_of);
+            return Op::failed(e, buf);
         }
         let (remote_addr, key) = (remote.addr(), remote.key());
         let kind = match op {
@@ -259,7 +259,7 @@ impl Endpoint {
 
     fn two_sided<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
         if let Err(e) = self.check_local(op, &buf) {
-            return Op::failed(e, buf, len_of);
+            return Op::failed(e, buf);
         }
         self.submit(op, buf, kind)
     }
@@ -276,20 +276,17 @@ impl Endpoint {
         batch: Option<Arc<Layout>>,
         rail_keys: Option<Arc<[u64]>>,
     ) -> Op<B> {
-        let seg = buf.seg();
         // Split across rail groups only where every part can reach the peer's rails: a
         // one-sided op whose descriptor has a key for each of them.
         let one_sided = matches!(kind, WrKind::Write { .. } | WrKind::Read { .. });
         let keys = 1 + rail_keys.as_ref().map_or(0, |k| k.len());
         let fan = self.slots.len() > 1 && one_sided && keys >= self.peer_rails;
         let plain_imm = batch.is_none() && matches!(kind, WrKind::Write { imm: Some(_), .. });
-        let req = OpReq {
+        let draft = Draft {
             peer: self.slots[0],
             peer_id: self.peer_id,
             op,
             kind,
-            seg,
-            cell: OpCell::new(),
             tenant: 0,
             class: None,
             batch,
@@ -297,7 +294,7 @@ impl Endpoint {
             // A plain write's immediate value is raised once, by the piece that ends it.
             slots: (fan && !plain_imm).then(|| self.slots.clone()),
         };
-        Op::new(self.rt.clone(), req, buf, len_of)
+        Op::new(self.rt.clone(), draft, buf)
     }
 }
 

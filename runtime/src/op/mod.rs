@@ -10,17 +10,21 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::buf::IoBuf;
 use crate::error::{BufResult, Error};
-use crate::reactor::cmd::OpReq;
+use crate::reactor::cmd::Draft;
 use crate::runtime::Runtime;
 use crate::sched::{Class, TenantId};
 pub(crate) use cell::{Done, OpCell};
 
+/// Kept small (an op moves by value through the caller's futures, and up to 128 bytes moves
+/// without a call to `memcpy`): the request's memory and cell are added when it is submitted,
+/// and an error waits boxed.
 enum Inner {
     /// The outcome; taken when the op resolves.
-    Ready(Option<Result<Done, Error>>),
+    Ready(Option<Result<usize, Box<Error>>>),
     /// Built, not yet handed to the reactor: nothing happens before the first poll.
-    Unsubmitted(Runtime, Option<OpReq>),
+    Unsubmitted(Runtime, Draft),
     /// Handed to the reactor. Only the runtime's id is kept (to turn its reactor from here
     /// where this thread's inline driver holds it): the handle went with the request, let go
     /// of once the op was posted, off the latency path. (The op's buffer keeps the runtime
@@ -29,44 +33,39 @@ enum Inner {
 }
 
 /// An operation. Nothing happens until it is first polled (then it is handed to the reactor);
-/// it resolves to the result and the buffer. Dropping it at any point is safe: before posting it
-/// is withdrawn, after posting the reactor keeps the buffer until the completion arrives.
-/// `.class(..)` and `.tenant(..)` set how the fair-share scheduler serves it. Once handed to
-/// the reactor an op holds no handle on the runtime: its buffer keeps the runtime alive where
-/// it is registered memory, and otherwise the runtime's last handle going fails it with
-/// `Error::Shutdown`, as `Runtime::shutdown` does.
+/// it resolves to the result (the bytes moved) and the buffer. Dropping it at any point is
+/// safe: before posting it is withdrawn, after posting the reactor keeps the buffer until the
+/// completion arrives. `.class(..)` and `.tenant(..)` set how the fair-share scheduler serves
+/// it. Once handed to the reactor an op holds no handle on the runtime: its buffer keeps the
+/// runtime alive where it is registered memory, and otherwise the runtime's last handle going
+/// fails it with `Error::Shutdown`, as `Runtime::shutdown` does.
 #[must_use = "an op does nothing useful unless awaited (dropping it cancels what is not posted)"]
-pub struct Op<B: Send + 'static, T = usize> {
+pub struct Op<B: IoBuf> {
     inner: Inner,
     /// The op's buffer: here while the future lives, given back when it resolves.
     buf: Option<B>,
-    map: fn(Done) -> T,
 }
 
 // The buffer is never pinned: it moves in and out by value.
-impl<B: Send + 'static, T> Unpin for Op<B, T> {}
+impl<B: IoBuf> Unpin for Op<B> {}
 
-pub(crate) fn len_of(d: Done) -> usize {
-    d.len
-}
-
-impl<B: Send + 'static, T> Op<B, T> {
-    pub(crate) fn new(rt: Runtime, req: OpReq, buf: B, map: fn(Done) -> T) -> Op<B, T> {
-        Op { inner: Inner::Unsubmitted(rt, Some(req)), buf: Some(buf), map }
+impl<B: IoBuf> Op<B> {
+    pub(crate) fn new(rt: Runtime, draft: Draft, buf: B) -> Op<B> {
+        Op { inner: Inner::Unsubmitted(rt, draft), buf: Some(buf) }
     }
 
     /// Serve this op in `class` instead of the class its size gives it.
     pub fn class(mut self, class: Class) -> Self {
-        if let Inner::Unsubmitted(_, Some(req)) = &mut self.inner {
-            req.class = Some(class);
+        if let Inner::Unsubmitted(_, d) = &mut self.inner {
+            d.class = Some(class);
         }
         self
     }
 
     /// Count this op against `tenant`'s share (default 0).
     pub fn tenant(mut self, tenant: TenantId) -> Self {
-        if let Inner::Unsubmitted(_, Some(req)) = &mut self.inner {
-            req.tenant = tenant;
+        if let Inner::Unsubmitted(_, d) = &mut self.inner {
+            d.tenant = tenant;
         }
         self
     }
@@ -83,19 +82,21 @@ impl<B: Send + 'static, T> Op<B, T> {
         if !matches!(self.inner, Inner::Unsubmitted(..)) {
             return;
         }
+        let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return };
         // Moved out, not cloned: each Arc clone and drop is an atomic on the hot path.
-        if let Inner::Unsubmitted(rt, Some(req)) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
+        if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
             // Pending before the reactor sees it: should anything in `submit` (another op's
             // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
-            self.inner = Inner::Pending(rt.id(), req.cell.clone());
-            if let Inner::Pending(_, cell) = &self.inner {
-                rt.submit(req, polled.then_some(&**cell));
+            let cell = OpCell::new();
+            self.inner = Inner::Pending(rt.id(), cell.clone());
+            if let Inner::Pending(_, mine) = &self.inner {
+                rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
             }
         }
     }
 
-    pub(crate) fn failed(err: Error, buf: B, map: fn(Done) -> T) -> Op<B, T> {
-        Op { inner: Inner::Ready(Some(Err(err))), buf: Some(buf), map }
+    pub(crate) fn failed(err: Error, buf: B) -> Op<B> {
+        Op { inner: Inner::Ready(Some(Err(Box::new(err)))), buf: Some(buf) }
     }
 
     /// The outcome of a submitted op, if it is in: looked at before an inline turn, after it,
@@ -124,14 +125,14 @@ impl<B: Send + 'static, T> Op<B, T> {
     }
 }
 
-impl<B: Send + 'static, T> Future for Op<B, T> {
-    type Output = BufResult<T, B>;
+impl<B: IoBuf> Future for Op<B> {
+    type Output = BufResult<usize, B>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         this.submit(true);
         let out = match &mut this.inner {
-            Inner::Ready(r) => r.take().expect("Op polled after completion"),
+            Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
             Inner::Pending(rt, cell) => {
                 if !Runtime::coop_proceed() {
@@ -139,7 +140,7 @@ impl<B: Send + 'static, T> Future for Op<B, T> {
                     return Poll::Pending;
                 }
                 match Self::outcome(cell, *rt, cx) {
-                    Some(o) => o,
+                    Some(o) => o.map(|d| d.len),
                     None => return Poll::Pending,
                 }
             }
@@ -149,11 +150,11 @@ impl<B: Send + 'static, T> Future for Op<B, T> {
             OpCell::recycle(cell);
         }
         let buf = this.buf.take().expect("Op polled after completion");
-        Poll::Ready((out.map(this.map), buf))
+        Poll::Ready((out, buf))
     }
 }
 
-impl<B: Send + 'static, T> Drop for Op<B, T> {
+impl<B: IoBuf> Drop for Op<B> {
     fn drop(&mut self) {
         // Posted and not completed: the memory may still be in the NIC's hands. The reactor's
         // reference keeps the cell, and now the buffer with it, until the completion arrives.
@@ -163,5 +164,15 @@ impl<B: Send + 'static, T> Drop for Op<B, T> {
                 cell.abandon();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_op_moves_without_a_memcpy_call() {
+        // Ops move by value through the caller's futures; up to 128 bytes moves inline.
+        let size = std::mem::size_of::<super::Op<crate::RegisteredBuf>>();
+        assert!(size <= 128, "an op is {size} bytes");
     }
 }

@@ -34,6 +34,28 @@ pub(crate) struct OpReq {
     pub slots: Option<crate::runtime::Slots>,
 }
 
+/// An op as its future holds it before submission: the request without its memory (the
+/// buffer's, added then) and cell (made then).
+pub(crate) struct Draft {
+    pub peer: usize,
+    pub peer_id: u64,
+    pub op: OpKind,
+    pub kind: WrKind,
+    pub tenant: TenantId,
+    pub class: Option<Class>,
+    pub batch: Option<Arc<Layout>>,
+    pub rail_keys: Option<Arc<[u64]>>,
+    pub slots: Option<crate::runtime::Slots>,
+}
+
+impl Draft {
+    /// The request, over `seg` (the buffer's memory), completing `cell`.
+    pub fn into_req(self, seg: LocalSeg, cell: Arc<OpCell>) -> OpReq {
+        let Draft { peer, peer_id, op, kind, tenant, class, batch, rail_keys, slots } = self;
+        OpReq { peer, peer_id, op, kind, seg, cell, tenant, class, batch, rail_keys, slots }
+    }
+}
+
 impl OpReq {
     /// Bytes the op moves.
     pub fn len(&self) -> usize {
