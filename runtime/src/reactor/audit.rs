@@ -271,7 +271,7 @@ impl Reactor {
             .filter(|(_, f)| {
                 f.id >> 24 < since && matches!(f.kind, WrKind::Write { .. } | WrKind::Read { .. })
             })
-            .map(|(_, f)| (f.id, f.peer, f.op, f.kind, f.len, f.cell.clone()))
+            .map(|(_, f)| (f.id, f.peer, f.op, f.kind, f.len(), f.cell.clone()))
             .collect();
         for (id, slot, op, kind, len, cell) in silent {
             self.question(id, slot, op, kind, len, &cell);

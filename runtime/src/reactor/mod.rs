@@ -45,20 +45,27 @@ const POST_BATCH: usize = 32;
 /// finds its way back to it.
 pub(crate) const TOKEN_GROUP_SHIFT: u32 = 27;
 
+/// Kept to 128 bytes: a completion moves it out of the slab, and up to that size moves inline.
 struct InFlight {
     /// The whole request id (slot and generation).
     id: u64,
     cell: Arc<OpCell>,
     peer: usize,
     op: OpKind,
-    /// Bytes the request moves (completions report a length only for receives).
-    len: usize,
     /// The scheduler's chunk; `None` for ops that bypass it.
     chunk: Option<Chunk>,
     /// The op's memory (a receive that gets a rendezvous marker reads the message into it).
     seg: LocalSeg,
     /// What the work request did (where a cancelled one-sided op went, to ask the target).
     kind: WrKind,
+}
+
+impl InFlight {
+    /// Bytes the request moves (completions report a length only for receives): its chunk's,
+    /// or the whole op's.
+    fn len(&self) -> usize {
+        self.chunk.map_or(self.seg.len, |c| c.len)
+    }
 }
 
 /// An op the scheduler holds, with what the reactor needs to post its chunks.
@@ -746,7 +753,7 @@ impl Reactor {
                     Counters::add(&self.counters.posted);
                     self.counters.add_rail_bytes(self.lane_rail.get(c.lane).copied().unwrap_or(0), c.len);
                     let (cell, peer, op, seg) = (h.req.cell.clone(), h.req.peer, h.req.op, h.req.seg);
-                    entry.insert(InFlight { id, cell, peer, op, len: c.len, chunk: Some(c), seg, kind });
+                    entry.insert(InFlight { id, cell, peer, op, chunk: Some(c), seg, kind });
                     if let Some(h) = self.held[c.op.0].as_mut() {
                         h.posted += 1;
                     }
@@ -834,7 +841,7 @@ impl Reactor {
                 }
                 let (cell, peer, op, seg) = (req.cell, req.peer, req.op, req.seg);
                 let kind = req.kind;
-                entry.insert(InFlight { id, cell, peer, op, len: seg.len, chunk: None, seg, kind });
+                entry.insert(InFlight { id, cell, peer, op, chunk: None, seg, kind });
                 self.peers[peer].inflight += 1;
             }
             Err(PostError::Again) => return Err(req),
@@ -894,7 +901,7 @@ impl Reactor {
                 // are not one range: there, the piece.)
                 let (kind, len) = match f.chunk.and_then(|c| self.held[c.op.0].as_ref()) {
                     Some(h) if h.req.batch.is_none() => (h.req.kind, h.req.len()),
-                    _ => (f.kind, f.len),
+                    _ => (f.kind, f.len()),
                 };
                 self.question(f.id, f.peer, f.op, kind, len, &f.cell);
             }
@@ -922,7 +929,7 @@ impl Reactor {
                 if f.op != OpKind::Recv {
                     self.active -= 1;
                 }
-                let len = if f.op == OpKind::Recv { len } else { f.len };
+                let len = if f.op == OpKind::Recv { len } else { f.len() };
                 let res = match err {
                     // Application sends carry no immediate data: this is a rendezvous marker.
                     None if f.op == OpKind::Recv && imm.is_some() => {
@@ -1014,5 +1021,14 @@ impl Reactor {
         }
         self.active = 0;
         self.idle.stopped.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn an_in_flight_entry_moves_without_a_memcpy_call() {
+        let size = std::mem::size_of::<super::InFlight>();
+        assert!(size <= 128, "an in-flight entry is {size} bytes");
     }
 }
