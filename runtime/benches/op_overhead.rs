@@ -9,7 +9,7 @@ use rdmalane::transport::{
     Access, Backend, Caps, Completion, LaneId, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
     TransportConfig, WorkRequest, WrKind,
 };
-use rdmalane::{Driver, Runtime, TransportError};
+use rdmalane::{Driver, Op, RegisteredBuf, RemoteBuf, Runtime, TransportError};
 
 struct Null {
     caps: Caps,
@@ -117,6 +117,33 @@ fn bench(c: &mut Criterion) {
             buf = Some(back);
         })
     });
+    // The same ops awaited one after another inside one `block_on`, as a run-to-completion
+    // loop awaits them: the op alone, without the cost of entering and leaving `block_on`.
+    let dst = remote.slice(0..16).unwrap();
+    let mut inside =
+        |name: &str, op: fn(&rdmalane::Endpoint, RegisteredBuf, &RemoteBuf) -> Op<RegisteredBuf>| {
+            c.bench_function(name, |bn| {
+                bn.iter_custom(|n| {
+                    let b = buf.take().unwrap();
+                    let t = std::time::Instant::now();
+                    let b = a.block_on(async {
+                        let mut b = b;
+                        for _ in 0..n {
+                            let (r, back) = op(&ab, b, &dst).await;
+                            r.unwrap();
+                            b = back;
+                        }
+                        b
+                    });
+                    let d = t.elapsed();
+                    buf = Some(b);
+                    d
+                })
+            });
+        };
+    inside("send 16 B, inside block_on", |ep, b, _| ep.send(b));
+    inside("recv 16 B, inside block_on", |ep, b, _| ep.recv(b));
+    inside("write 16 B, inside block_on", |ep, b, d| ep.write_remote(b, d));
 }
 
 // criterion's macros generate undocumented public functions.
