@@ -278,13 +278,7 @@ fn inline_pair(
     region: usize,
 ) -> (Runtime, Runtime, Endpoint, Endpoint, rdmalane::ExposedBuf<RegisteredBuf>, RemoteBuf) {
     let b = runtime(p);
-    let a = Runtime::builder()
-        .backend(rdmalane_verbs::Verbs)
-        .backend(rdmalane_efa::Libfabric)
-        .provider(p)
-        .driver(Driver::Inline)
-        .build()
-        .unwrap();
+    let a = inline_runtime(p);
     let tokio = tokio::runtime::Runtime::new().unwrap();
     let (ab, ba) = tokio.block_on(async {
         let l = b.listen("127.0.0.1:0").await.unwrap();
@@ -432,6 +426,61 @@ fn another_thread_registers_and_stops_while_an_inline_driver_holds_the_reactor()
         assert!(matches!(r, Err(Error::Shutdown { .. })), "{p}: {r:?}");
         let took = other.join().unwrap();
         assert!(took < Duration::from_secs(4), "{p}: the stop took {took:?}");
+    }
+}
+
+fn inline_runtime(p: &str) -> Runtime {
+    Runtime::builder()
+        .backend(rdmalane_verbs::Verbs)
+        .backend(rdmalane_efa::Libfabric)
+        .provider(p)
+        .driver(Driver::Inline)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn block_on_nested_in_another_inline_runtimes_still_drives_the_outer_one() {
+    // A's block_on holds A's reactor; C's block_on nested in it holds C's too. Inside that,
+    // A's registrations and a block_on of A again must still find A's reactor and turn it.
+    let _guard = watchdog(60);
+    for p in providers() {
+        let (a, _b, ab, _ba, target, remote) = inline_pair(p, 4096);
+        let c = inline_runtime(p);
+        let dst = remote.slice(0..16).unwrap();
+        let (r, _) = a.block_on(async {
+            c.block_on(async {
+                let mut buf = a.alloc(16).expect("A registers inside C's block_on");
+                buf.fill(0x5A);
+                a.block_on(ab.write_remote(buf, &dst))
+            })
+        });
+        r.unwrap();
+        assert!(target.as_slice()[..16].iter().all(|&x| x == 0x5A), "{p}: the nested write landed");
+    }
+}
+
+#[test]
+fn an_inline_runtime_kept_in_a_thread_local_stops_cleanly_at_thread_exit() {
+    // Thread-locals are destroyed in reverse order of first use: the runtime, stored first,
+    // is dropped (and stopped) after the driver's own thread-locals are gone.
+    let _guard = watchdog(60);
+    for p in providers() {
+        thread_local! {
+            static RT: std::cell::RefCell<Option<Runtime>> = const { std::cell::RefCell::new(None) };
+        }
+        let p = p.to_string();
+        std::thread::spawn(move || {
+            RT.with(|rt| *rt.borrow_mut() = Some(inline_runtime(&p)));
+            RT.with(|rt| {
+                let rt = rt.borrow();
+                let rt = rt.as_ref().unwrap();
+                let buf = rt.alloc(64).unwrap();
+                rt.block_on(async { assert_eq!(buf.len(), 64) });
+            });
+        })
+        .join()
+        .expect("the thread ends without a panic");
     }
 }
 

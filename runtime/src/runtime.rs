@@ -17,7 +17,7 @@ use crate::error::{Error, OpKind, Result, TransportError};
 use crate::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::op::OpCell;
 use crate::reactor::cmd::{Cmd, OpReq, PeerLane};
-use crate::reactor::inline::{with_held, Slot};
+use crate::reactor::inline::{turn_held, with_held, Slot};
 use crate::reactor::rail_of;
 use crate::reactor::thread::{self, Idle, IdlePolicy};
 use crate::reactor::{Reactor, SHUTDOWN_LIMIT};
@@ -625,7 +625,8 @@ impl Runtime {
     /// with `Error::Shutdown`, posted ones get up to two seconds to complete (those that do not
     /// fail with `Error::Shutdown` once their lanes are closed, after which no NIC touches their
     /// buffers), and every later op fails with `Error::Shutdown`. Dropping the last handle does
-    /// the same.
+    /// the same. Where another thread's `block_on` holds the inline reactor, that thread carries
+    /// the stop out at its next turn; this waits for it up to three seconds.
     pub fn shutdown(&self) {
         self.inner.stop();
     }
@@ -671,9 +672,9 @@ impl Runtime {
         let mut hold = slot.hold(id);
         let mut kicks = crate::op::cell::driver_kicks();
         loop {
-            // Poll only when woken, or when a parked op completed (any in the process: the
-            // count is global, so an extra poll now and then): between those the loop is the
-            // reactor's alone.
+            // Poll only when woken, or when a parked op completed (the count is this thread's
+            // plus one all threads share, so an extra poll now and then): between those the
+            // loop is the reactor's alone.
             let now = crate::op::cell::driver_kicks();
             let woken = flag.0.load(Ordering::Relaxed) && flag.0.swap(false, Ordering::Acquire);
             if woken || now != kicks {
@@ -684,7 +685,9 @@ impl Runtime {
                     return v;
                 }
             }
-            let turned = with_held(id, (), |r, ()| {
+            // Every reactor this thread holds turns (an outer `block_on`'s too, should this
+            // one be nested in another runtime's).
+            let turned = turn_held(id, |r| {
                 if idle.shutdown.load(Ordering::Relaxed) {
                     // A stop from another thread waits for this (it finds the slot empty).
                     r.shutdown(SHUTDOWN_LIMIT);
@@ -692,7 +695,7 @@ impl Runtime {
                 r.turn();
             });
             // Another thread's `block_on` holds it: take it once it is back.
-            if turned.is_err() && !hold.retake() {
+            if !turned && !hold.retake() {
                 std::hint::spin_loop();
             }
         }
@@ -733,7 +736,8 @@ impl Runtime {
 
     /// Hand an op to the reactor; on shutdown the op fails at once.
     /// `polled`: the op's cell, when its future is being polled: an op not done at posting then
-    /// reaps at once, under the same lock (the inline turn its poll would take next).
+    /// reaps at once, in the same reach of the held reactor (the inline turn its poll would
+    /// take next).
     /// Takes the op's handle on the runtime, and lets go of it once the op is posted (off the
     /// latency path).
     pub(crate) fn submit(self, req: OpReq, polled: Option<&OpCell>) {
@@ -747,13 +751,19 @@ impl Runtime {
         }
         // Inside the inline driver's block_on, which holds the reactor: post at once, skipping
         // the queue hop. Elsewhere ops wait for the driver like any other.
-        let posted = with_held(self.inner.id, req, |r, req| {
-            r.submit_now(req);
-            if polled.is_some_and(|c| !c.is_done()) && REAP_IN_POLL.replace(false) {
-                r.turn();
+        let req = match &self.inner.inline {
+            Some(_) => {
+                let posted = with_held(self.inner.id, req, |r, req| {
+                    r.submit_now(req);
+                    if polled.is_some_and(|c| !c.is_done()) && REAP_IN_POLL.replace(false) {
+                        r.turn();
+                    }
+                });
+                let Err(req) = posted else { return };
+                req
             }
-        });
-        let Err(req) = posted else { return };
+            None => req,
+        };
         if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
             Counters::add_shared(&self.inner.counters[0].rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));

@@ -154,7 +154,8 @@ impl MrCache {
 /// Shared, immutable memory registered through the runtime's registration cache
 /// (`Runtime::register_shared`): the source of writes and sends. Clones share the
 /// registration; the registration lasts while any clone (or any op holding one) does, and
-/// after that while the cache keeps it.
+/// after that while the cache keeps it, as long as the runtime runs: a shared buffer does not
+/// keep the runtime alive (its last handle going fails the ops still holding one).
 #[derive(Clone)]
 pub struct SharedBuf {
     entry: Arc<Entry>,

@@ -27,8 +27,9 @@ const OK_IMM: u8 = 2;
 const FAILED: u8 = 3;
 /// A waker is registered: the completion wakes it.
 const WAITING: u8 = 4;
-/// Polled by the inline driver of this thread with its own waker: the completion bumps
-/// [`DRIVER_KICKS`] instead, which every inline driver watches (one atomic add, no waker).
+/// Polled by the inline driver of this thread with its own waker: the completion bumps a kick
+/// count the driver watches instead ([`LOCAL_KICKS`] on the parker's thread, [`DRIVER_KICKS`]
+/// elsewhere), with no waker.
 const PARKED: u8 = 8;
 /// The future was dropped before the outcome: what is not posted may be withdrawn. (Only a
 /// cell fanned out to several reactors needs it said; for the others the reactor sees it is
@@ -273,8 +274,8 @@ impl OpCell {
         self.state.fetch_or(WAITING, Ordering::AcqRel) & OUTCOME != 0
     }
 
-    /// Let the completion bump [`DRIVER_KICKS`] rather than wake anyone: for an op polled by
-    /// this thread's inline driver with its own waker. True if the outcome is already in.
+    /// Let the completion bump a kick count rather than wake anyone: for an op polled by this
+    /// thread's inline driver with its own waker. True if the outcome is already in.
     pub(crate) fn park(&self) -> bool {
         self.parker.store(thread_token(), Ordering::Relaxed);
         self.state.fetch_or(PARKED, Ordering::AcqRel) & OUTCOME != 0

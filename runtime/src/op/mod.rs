@@ -145,7 +145,7 @@ impl<B: IoBuf> Future for Op<B> {
                 }
             }
         };
-        // Let go of the cell and the runtime now: the op is over.
+        // Let go of the cell now: the op is over.
         if let Inner::Pending(_, cell) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
             OpCell::recycle(cell);
         }

@@ -4,7 +4,8 @@
 //! future posts, reach the reactor with no lock (a lock taken and released per op and per
 //! turn sat on a ping-pong's latency path). Another thread finds the slot empty and sends its
 //! ops through the submission queue, which the holder takes in; a stop from another thread
-//! waits for the holder to see it.
+//! waits for the holder to see it. A thread may hold several runtimes' reactors (a `block_on`
+//! nested in another runtime's): its driving loop turns them all.
 use std::cell::RefCell;
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
@@ -20,24 +21,53 @@ struct Held {
 }
 
 thread_local! {
-    static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
+    /// Reactors this thread holds (one, mostly). Reached with `try_with`: a runtime kept in
+    /// another thread-local may be dropped, and stopped, after this one is gone.
+    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Run `f` on runtime `rt`'s reactor, handing it `v`, if this thread holds the reactor (and is
-/// not inside a turn of it already); else give `v` back.
+/// not inside a turn of one already); else give `v` back.
 pub(crate) fn with_held<V, R>(rt: u64, v: V, f: impl FnOnce(&mut Reactor, V) -> R) -> Result<R, V> {
-    HELD.with(|h| {
-        let Ok(mut h) = h.try_borrow_mut() else { return Err(v) };
-        match h.as_mut() {
-            Some(held) if held.rt == rt => Ok(f(&mut held.reactor, v)),
-            _ => Err(v),
+    let mut v = Some(v);
+    let done = HELD.try_with(|h| {
+        let mut h = h.try_borrow_mut().ok()?;
+        let held = h.iter_mut().find(|held| held.rt == rt)?;
+        Some(f(&mut held.reactor, v.take()?))
+    });
+    match (done, v) {
+        (Ok(Some(r)), _) => Ok(r),
+        (_, Some(v)) => Err(v),
+        (_, None) => unreachable!("the value goes to `f` only when it runs"),
+    }
+}
+
+/// One turn of each reactor this thread holds, runtime `rt`'s through `f`; false when this
+/// thread does not hold `rt`'s.
+pub(crate) fn turn_held(rt: u64, f: impl FnOnce(&mut Reactor)) -> bool {
+    HELD.try_with(|h| {
+        let Ok(mut h) = h.try_borrow_mut() else { return false };
+        let (mut f, mut mine) = (Some(f), false);
+        for held in h.iter_mut() {
+            match (held.rt == rt, f.take()) {
+                (true, Some(f)) => {
+                    f(&mut held.reactor);
+                    mine = true;
+                }
+                (_, back) => {
+                    f = back;
+                    held.reactor.turn();
+                }
+            }
         }
+        mine
     })
+    .unwrap_or(false)
 }
 
 /// Does this thread hold runtime `rt`'s reactor?
 fn holds(rt: u64) -> bool {
-    HELD.with(|h| h.try_borrow().is_ok_and(|h| h.as_ref().is_some_and(|held| held.rt == rt)))
+    HELD.try_with(|h| h.try_borrow().is_ok_and(|h| h.iter().any(|held| held.rt == rt))).unwrap_or(false)
 }
 
 impl Slot {
@@ -66,15 +96,10 @@ impl Slot {
     }
 
     /// Hold runtime `rt`'s reactor on this thread for a `block_on`, if it is in the slot (a
-    /// nested `block_on` finds it held already). Dropping the hold puts back what it took, and
-    /// what this thread held before: the reactor of another runtime whose `block_on` this one
-    /// is nested in, which nobody turns meanwhile.
+    /// nested `block_on` finds it held already). Dropping the hold puts back what it took.
     pub(crate) fn hold(&self, rt: u64) -> Hold<'_> {
-        let mut hold = Hold { slot: self, rt, took: false, outer: None };
-        if !holds(rt) {
-            hold.outer = HELD.with(|h| h.try_borrow_mut().ok().and_then(|mut h| h.take()));
-            hold.retake();
-        }
+        let mut hold = Hold { slot: self, rt, took: false };
+        hold.retake();
         hold
     }
 }
@@ -85,7 +110,6 @@ pub(crate) struct Hold<'a> {
     rt: u64,
     /// This hold took the reactor from the slot, and puts it back.
     took: bool,
-    outer: Option<Held>,
 }
 
 impl Hold<'_> {
@@ -96,34 +120,36 @@ impl Hold<'_> {
             return true;
         }
         let Some(reactor) = self.slot.lock().take() else { return false };
-        HELD.with(|h| match h.try_borrow_mut() {
-            Ok(mut h) if h.is_none() => {
-                *h = Some(Held { rt: self.rt, reactor });
-                self.took = true;
-                true
+        let mut reactor = Some(reactor);
+        let kept = HELD.try_with(|h| {
+            let Ok(mut h) = h.try_borrow_mut() else { return false };
+            if let Some(reactor) = reactor.take() {
+                h.push(Held { rt: self.rt, reactor });
             }
-            // Not reachable: the hold is taken outside any turn, with the outer reactor set
-            // aside. Should it be, the reactor goes back rather than be lost.
-            _ => {
-                *self.slot.lock() = Some(reactor);
-                false
-            }
-        })
+            true
+        });
+        self.took |= kept == Ok(true);
+        // Not held after all (the hold is taken outside any turn, so this is not expected):
+        // the reactor goes back rather than be lost.
+        if let Some(reactor) = reactor {
+            *self.slot.lock() = Some(reactor);
+        }
+        kept == Ok(true)
     }
 }
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
-        HELD.with(|h| {
-            let Ok(mut h) = h.try_borrow_mut() else { return };
-            if self.took && h.as_ref().is_some_and(|held| held.rt == self.rt) {
-                if let Some(held) = h.take() {
-                    *self.slot.lock() = Some(held.reactor);
-                }
-            }
-            if let Some(outer) = self.outer.take() {
-                *h = Some(outer);
-            }
+        if !self.took {
+            return;
+        }
+        let held = HELD.try_with(|h| {
+            let mut h = h.try_borrow_mut().ok()?;
+            let i = h.iter().position(|held| held.rt == self.rt)?;
+            Some(h.swap_remove(i))
         });
+        if let Ok(Some(held)) = held {
+            *self.slot.lock() = Some(held.reactor);
+        }
     }
 }
