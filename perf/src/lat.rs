@@ -111,7 +111,7 @@ fn raw_write_side(
     c: &mut RawConn,
     a: &Common,
     client: bool,
-    mut hist: Option<&mut Histogram<u64>>,
+    hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
     let size = a.size.max(1);
     let mine = c.eng.alloc(size, Access::WRITE)?;
@@ -124,6 +124,7 @@ fn raw_write_side(
     let spins = spins_per_turn(a);
     let mut comps = Vec::with_capacity(16);
     let clock = clock();
+    let mut samples = Samples::new(if client { a.iters } else { 0 });
     for i in 0..a.warmup + a.iters {
         let seq = (i % 255) as u8 + 1;
         if client {
@@ -139,15 +140,14 @@ fn raw_write_side(
         if client {
             raw_wait_byte(c, mine, last, seq, spins, &mut comps)?;
             if i >= a.warmup {
-                if let Some(h) = hist.as_deref_mut() {
-                    if let Some(ns) = clock.since(t0) {
-                        h.record(ns / 2)?;
-                    }
-                }
+                samples.add(t0, clock.now());
             }
         }
         // Our own completion is reaped after the answer: it never holds up the round trip.
         wait_for(c, id.into_iter().collect(), &mut comps)?;
+    }
+    if let Some(h) = hist {
+        *h = samples.histogram(&clock)?;
     }
     Ok(())
 }
@@ -202,8 +202,8 @@ async fn write_side(
         d
     };
     let mut src = rt.alloc(size)?;
-    let mut h = Histogram::<u64>::new(3)?;
     let clock = clock();
+    let mut samples = Samples::new(if client { a.iters } else { 0 });
     let total = a.warmup + a.iters;
     let mut progress = Progress::new(client && !a.json, total);
     let last = size - 1;
@@ -223,9 +223,7 @@ async fn write_side(
         if client {
             wait_byte(&mine, last, seq, spins).await;
             if i >= a.warmup {
-                if let Some(ns) = clock.since(t0) {
-                    h.record(ns / 2)?;
-                }
+                samples.add(t0, clock.now());
             }
         }
         let (r, b) = write.await;
@@ -235,7 +233,7 @@ async fn write_side(
     }
     progress.done();
     if let Some(out) = hist {
-        *out = h;
+        *out = samples.histogram(&clock)?;
     }
     Ok(())
 }
@@ -291,8 +289,8 @@ pub async fn pingpong(
     gap: Duration,
     progress: &mut Progress,
 ) -> Result<Histogram<u64>, BoxErr> {
-    let mut h = Histogram::<u64>::new(3)?;
     let clock = clock();
+    let mut samples = Samples::new(n);
     let mut s = rt.alloc(size)?;
     let mut spare = Some(rt.alloc(size)?);
     let mut recv = if n > 0 { Some(ep.recv(rt.alloc(size)?).start()) } else { None };
@@ -308,14 +306,42 @@ pub async fn pingpong(
         let ahead = if i + 1 < n { spare.take().map(|buf| ep.recv(buf).start()) } else { None };
         let (res, b) = recv.take().expect("a receive is posted").await;
         res?;
+        samples.add(t0, clock.now());
         spare = Some(b);
         recv = ahead;
-        if let Some(ns) = clock.since(t0) {
-            h.record(ns / 2)?;
-        }
         progress.tick(i);
     }
-    Ok(h)
+    samples.histogram(&clock)
+}
+
+/// Round trips in counter ticks, kept as perftest keeps them: in an array, turned into one-way
+/// latencies (half of each) after the run. Taking a sample is a store, so the next round
+/// starts without a histogram update on its path (`fi_pingpong`, timing its whole loop at
+/// once, has none either).
+struct Samples(Vec<u64>);
+
+impl Samples {
+    fn new(n: usize) -> Samples {
+        Samples(Vec::with_capacity(n))
+    }
+
+    /// The round that began at counter value `t0` ended at `now` (a counter that went back,
+    /// as it may across cores, gives no sample).
+    #[inline]
+    fn add(&mut self, t0: u64, now: u64) {
+        if let Some(d) = now.checked_sub(t0) {
+            self.0.push(d);
+        }
+    }
+
+    /// One-way latencies in ns.
+    fn histogram(&self, clock: &Cycles) -> Result<Histogram<u64>, BoxErr> {
+        let mut h = Histogram::<u64>::new(3)?;
+        for &d in &self.0 {
+            h.record((clock.ns(d as f64) / 2.0) as u64)?;
+        }
+        Ok(h)
+    }
 }
 
 /// With the `probe` feature: where this side's time went, on stderr (this thread's count: the
@@ -390,7 +416,7 @@ fn raw_side(
     c: &mut RawConn,
     a: &Common,
     client: bool,
-    mut hist: Option<&mut Histogram<u64>>,
+    hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
     if a.op == Some(LatOp::Write) {
         return raw_write_side(c, a, client, hist);
@@ -403,6 +429,7 @@ fn raw_side(
     let mut comps = Vec::with_capacity(16);
     let mut progress = Progress::new(client && !a.json, total);
     let clock = clock();
+    let mut samples = Samples::new(if client { a.iters } else { 0 });
     if client {
         let mut recv = if total > 0 { recv_into(c, 0)? } else { None };
         for i in 0..total {
@@ -411,15 +438,14 @@ fn raw_side(
             let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
             let ahead = if i + 1 < total { recv_into(c, i + 1)? } else { None };
             wait_for(c, recv.into_iter().chain(send).collect(), &mut comps)?;
-            recv = ahead;
             if i >= a.warmup {
-                if let Some(h) = hist.as_deref_mut() {
-                    if let Some(ns) = clock.since(t0) {
-                        h.record(ns / 2)?;
-                    }
-                }
+                samples.add(t0, clock.now());
             }
+            recv = ahead;
             progress.tick(i);
+        }
+        if let Some(h) = hist {
+            *h = samples.histogram(&clock)?;
         }
     } else {
         let mut posted = std::collections::VecDeque::new();
