@@ -16,14 +16,14 @@ use crate::control::Ctl;
 use crate::error::{Error, OpKind, Result, TransportError};
 use crate::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::op::OpCell;
-use crate::reactor::cmd::{Cmd, OpReq, PeerLane};
+use crate::reactor::cmd::{Cmd, Draft, OpReq, PeerLane};
 use crate::reactor::inline::{turn_held, with_held, Slot};
 use crate::reactor::rail_of;
 use crate::reactor::thread::{self, Idle, IdlePolicy};
-use crate::reactor::{Reactor, SHUTDOWN_LIMIT};
+use crate::reactor::{AtOnce, Reactor, SHUTDOWN_LIMIT};
 use crate::sched::{SchedConfig, TenantId};
 use crate::stats::{Counters, Stats};
-use crate::transport::{Access, Backend, Caps, LaneId, MemoryRegion, Notify, TransportConfig};
+use crate::transport::{Access, Backend, Caps, LaneId, LocalSeg, MemoryRegion, Notify, TransportConfig};
 
 /// Most rails one runtime spans (a p5 host has 32 EFA NICs).
 pub const MAX_RAILS: usize = 32;
@@ -768,6 +768,20 @@ impl Runtime {
             Counters::add_shared(&self.inner.counters[0].rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
         }
+    }
+
+    /// On the thread whose inline `block_on` holds this runtime's reactor: post `draft` over
+    /// `seg` now if the reactor would post it straight away (see `Reactor::post_at_once`).
+    /// The draft comes back anywhere else, for [`submit`](Self::submit).
+    pub(crate) fn post_at_once(&self, draft: Draft, seg: LocalSeg) -> Result<AtOnce, Draft> {
+        let inner = &self.inner;
+        if inner.inline.is_none()
+            || inner.groups.len() > 1
+            || inner.groups[0].idle.shutdown.load(Ordering::Acquire)
+        {
+            return Err(draft);
+        }
+        with_held(inner.id, draft, |r, draft| r.post_at_once(draft, seg)).unwrap_or_else(Err)
     }
 
     /// Run a control command on the first group's reactor and wait for its reply.

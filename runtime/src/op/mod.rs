@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use crate::buf::IoBuf;
 use crate::error::{BufResult, Error};
 use crate::reactor::cmd::Draft;
+use crate::reactor::AtOnce;
 use crate::runtime::Runtime;
 use crate::sched::{Class, TenantId};
 pub(crate) use cell::{Done, OpCell};
@@ -85,6 +86,21 @@ impl<B: IoBuf> Op<B> {
         let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return };
         // Moved out, not cloned: each Arc clone and drop is an atomic on the hot path.
         if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
+            // On the thread holding the reactor, an op it would post straight away is posted
+            // now, with no cell unless it stays in flight (a small send usually finishes as it
+            // is posted). Nothing runs between the post and setting the state below that could
+            // unwind: a turn, which may wake other ops, comes after (`outcome`).
+            let draft = match rt.post_at_once(draft, seg) {
+                Ok(AtOnce::Finished(res)) => {
+                    self.inner = Inner::Ready(Some(res.map(|d| d.len).map_err(Box::new)));
+                    return;
+                }
+                Ok(AtOnce::InFlight(cell)) => {
+                    self.inner = Inner::Pending(rt.id(), cell);
+                    return;
+                }
+                Err(draft) => draft,
+            };
             // Pending before the reactor sees it: should anything in `submit` (another op's
             // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
             let cell = OpCell::new();

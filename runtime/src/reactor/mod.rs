@@ -30,8 +30,16 @@ use crate::stats::Counters;
 use crate::transport::{
     Completion, LaneId, LocalSeg, PeerAddr, PostError, Posted, Transport, WorkRequest, WrKind,
 };
-use cmd::{Cmd, OpReq};
+use cmd::{Cmd, Draft, OpReq};
 use thread::Idle;
+
+/// What became of an op posted at once ([`Reactor::post_at_once`]).
+pub(crate) enum AtOnce {
+    /// It finished as it was posted, or failed: no cell was made.
+    Finished(Result<Done, Error>),
+    /// It is in flight, or queued behind a full provider queue: its outcome comes in this cell.
+    InFlight(Arc<OpCell>),
+}
 
 /// How long a stopping reactor waits for its posted ops to complete.
 pub(crate) const SHUTDOWN_LIMIT: Duration = Duration::from_secs(2);
@@ -334,6 +342,60 @@ impl Reactor {
         Counters::add(&self.counters.submitted);
         self.accept(req);
         self.post();
+    }
+
+    /// An op from the driving thread that `accept` would post straight away (a receive, or a
+    /// small latency op while the scheduler holds nothing), with nothing queued ahead of it:
+    /// posted now, and given a cell only if it stays in flight. A small send the provider
+    /// copies as it posts (shm's and tcp's inject) then finishes with no cell made, no
+    /// reference count touched, on a ping-pong's reply path. Any other op comes back, for
+    /// `submit_now`.
+    pub(crate) fn post_at_once(&mut self, draft: Draft, seg: LocalSeg) -> Result<AtOnce, Draft> {
+        self.take_commands();
+        let peer = draft.peer;
+        let live = self.peers.get(peer).is_some_and(|p| p.id == draft.peer_id && p.lost.is_none());
+        if !live || !self.direct.is_empty() || draft.batch.is_some() {
+            return Err(draft);
+        }
+        if !matches!(draft.kind, WrKind::Recv) {
+            let cfg = self.sched.config();
+            let class = draft.class.unwrap_or_else(|| cfg.default_class(seg.len));
+            // (Not above the largest message either: no rendezvous.)
+            if class != Class::Latency
+                || !self.sched.is_empty()
+                || seg.len > cfg.chunk_size.min(cfg.max_message)
+            {
+                return Err(draft);
+            }
+            self.kick_if_asleep(peer);
+            self.sched.note_latency();
+        }
+        Counters::add(&self.counters.submitted);
+        let (id, posted) = self.post_whole(peer, draft.kind, seg);
+        let (op, kind) = (draft.op, draft.kind);
+        Ok(match posted {
+            Ok(Posted::Completed) => AtOnce::Finished(self.resolved(Ok(Done { len: seg.len, imm: None }))),
+            Ok(Posted::Queued) => {
+                let cell = OpCell::new();
+                self.in_flight(InFlight { id, cell: cell.clone(), peer, op, chunk: None, seg, kind });
+                AtOnce::InFlight(cell)
+            }
+            Err(PostError::Again) => {
+                let cell = OpCell::new();
+                self.direct.push_back(draft.into_req(seg, cell.clone()));
+                AtOnce::InFlight(cell)
+            }
+            Err(PostError::Failed(e)) => {
+                let err = Error::from_transport(op, &self.peers[peer].label, e);
+                AtOnce::Finished(self.resolved(Err(err)))
+            }
+        })
+    }
+
+    /// The outcome of an op resolved with no cell, counted as `resolve` counts.
+    fn resolved(&self, res: Result<Done, Error>) -> Result<Done, Error> {
+        Counters::add(if res.is_ok() { &self.counters.completed } else { &self.counters.failed });
+        res
     }
 
     /// A failure the runtime reports itself, in the provider's name (no errno).
@@ -814,35 +876,14 @@ impl Reactor {
             self.settle(&req.cell, Err(err));
             return Ok(());
         }
-        let (lane, addr, _) = p.lanes[0];
-        let entry = self.inflight.vacant_entry();
-        self.generation += 1;
-        let id = (self.generation << 24) | entry.key() as u64;
-        // A receive larger than any message the provider takes posts what it can take: a
-        // larger message comes as a rendezvous marker and is read into the whole buffer.
-        let local = LocalSeg { len: req.seg.len.min(self.provider_max), ..req.seg };
-        let wr = WorkRequest {
-            id,
-            lane,
-            peer: addr,
-            kind: req.kind,
-            local: std::slice::from_ref(&local),
-            more: false,
-        };
-        match lease::post(self.t.as_mut(), &wr) {
+        let (id, posted) = self.post_whole(req.peer, req.kind, req.seg);
+        match posted {
             Ok(Posted::Completed) => {
-                Counters::add(&self.counters.posted);
                 self.settle(&req.cell, Ok(Done { len: req.seg.len, imm: None }));
             }
             Ok(Posted::Queued) => {
-                Counters::add(&self.counters.posted);
-                if req.op != OpKind::Recv {
-                    self.active += 1;
-                }
-                let (cell, peer, op, seg) = (req.cell, req.peer, req.op, req.seg);
-                let kind = req.kind;
-                entry.insert(InFlight { id, cell, peer, op, chunk: None, seg, kind });
-                self.peers[peer].inflight += 1;
+                let (cell, peer, op, seg, kind) = (req.cell, req.peer, req.op, req.seg, req.kind);
+                self.in_flight(InFlight { id, cell, peer, op, chunk: None, seg, kind });
             }
             Err(PostError::Again) => return Err(req),
             Err(PostError::Failed(e)) => {
@@ -851,6 +892,36 @@ impl Reactor {
             }
         }
         Ok(())
+    }
+
+    /// Post a whole op that bypasses the scheduler (on the peer's first lane, where its
+    /// receives are), as the request id returned, the next free slot of `inflight`.
+    fn post_whole(&mut self, peer: usize, kind: WrKind, seg: LocalSeg) -> (u64, Result<Posted, PostError>) {
+        let (lane, addr, _) = self.peers[peer].lanes[0];
+        self.generation += 1;
+        let id = (self.generation << 24) | self.inflight.vacant_key() as u64;
+        // A receive larger than any message the provider takes posts what it can take: a
+        // larger message comes as a rendezvous marker and is read into the whole buffer.
+        let local = LocalSeg { len: seg.len.min(self.provider_max), ..seg };
+        let wr = WorkRequest { id, lane, peer: addr, kind, local: std::slice::from_ref(&local), more: false };
+        let posted = lease::post(self.t.as_mut(), &wr);
+        if posted.is_ok() {
+            Counters::add(&self.counters.posted);
+        }
+        (id, posted)
+    }
+
+    /// A request `post_whole` posted is in flight.
+    fn in_flight(&mut self, f: InFlight) {
+        if f.op != OpKind::Recv {
+            self.active += 1;
+        }
+        self.peers[f.peer].inflight += 1;
+        let slot = self.inflight.insert(f);
+        debug_assert_eq!(
+            Some(slot as u64),
+            self.inflight.get(slot).map(|f| f.id & crate::transport::WR_SLOT_MASK)
+        );
     }
 
     /// An op that bypasses the scheduler: posted now when nothing waits ahead of it.
