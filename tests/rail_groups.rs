@@ -142,7 +142,12 @@ fn a_dropped_split_op_keeps_its_buffer_until_every_part_is_done() {
                 held_on += weak.upgrade().is_some() as u32;
                 let t = std::time::Instant::now();
                 while weak.upgrade().is_some() {
-                    assert!(t.elapsed() < Duration::from_secs(10), "{p}: round {round}: buffer never let go");
+                    assert!(
+                        t.elapsed() < Duration::from_secs(10),
+                        "{p}: round {round}: buffer never let go; a {:?}, b {:?}",
+                        a.stats(),
+                        b.stats()
+                    );
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
