@@ -554,3 +554,42 @@ fn dropping_a_split_write_withdraws_its_unposted_chunks() {
         });
     }
 }
+
+#[test]
+fn reads_spaced_far_apart_or_not_at_all_still_complete_every_op() {
+    // Poll spacing only delays the read after one that found nothing: with none, and with
+    // 200 µs (2500 times shm's default), messages and a write still land whole, in time.
+    bounded(90, async {
+        for p in providers() {
+            for spacing in [Duration::ZERO, Duration::from_micros(200)] {
+                let make = || {
+                    Runtime::builder()
+                        .backend(rdmalane_verbs::Verbs)
+                        .backend(rdmalane_efa::Libfabric)
+                        .provider(p)
+                        .poll_spacing(spacing)
+                        .build()
+                        .unwrap_or_else(|e| panic!("{p}: {e}"))
+                };
+                let (a, b) = (make(), make());
+                let (ab, ba) = pair(&a, &b).await;
+                for round in 0..20u64 {
+                    let want = pattern(64, round);
+                    let recv = ba.recv(b.alloc(64).unwrap()).start();
+                    let mut msg = a.alloc(64).unwrap();
+                    msg.copy_from_slice(&want);
+                    ab.send(msg).await.0.unwrap_or_else(|e| panic!("{p} {spacing:?}: send: {e}"));
+                    let (n, got) = recv.await;
+                    assert_eq!(n.unwrap(), 64, "{p} {spacing:?}");
+                    assert!(got[..] == want[..], "{p} {spacing:?}: round {round}");
+                }
+                let (target, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
+                let want = pattern(1 << 20, 7);
+                let mut src = a.alloc(1 << 20).unwrap();
+                src.copy_from_slice(&want);
+                ab.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p} {spacing:?}: {e}"));
+                assert!(target.as_slice() == &want[..], "{p} {spacing:?}: the write landed whole");
+            }
+        }
+    });
+}

@@ -287,6 +287,24 @@ pub struct TransportConfig {
     /// one-sided ops skip the target's checks of key, range and access (shm's fast path, about
     /// 4x faster for small ones), so a stale or forged descriptor reaches wherever it points.
     pub trust_local_peers: bool,
+    /// Leave at least this long between a completion-queue read that found nothing and the
+    /// next read. A reader polling back to back can slow the peer posting to it (shm: both
+    /// take the reader's region lock). `None`: the backend's default (libfabric: 80 ns on shm
+    /// and tcp, none elsewhere).
+    pub poll_spacing: Option<Duration>,
+}
+
+/// `RDMALANE_POLL_SPACING_NS` (see [`TransportConfig::poll_spacing`]): read by the runtime's
+/// builder and by backends opened without one (the raw benchmark engine).
+pub fn poll_spacing_env() -> Option<Duration> {
+    let v = std::env::var("RDMALANE_POLL_SPACING_NS").ok()?;
+    match v.trim().parse() {
+        Ok(ns) => Some(Duration::from_nanos(ns)),
+        Err(_) => {
+            tracing::warn!(value = %v, "RDMALANE_POLL_SPACING_NS is a count of nanoseconds; ignored");
+            None
+        }
+    }
 }
 
 /// `RDMALANE_TRUST_LOCAL_PEERS=1` (see [`TransportConfig::trust_local_peers`]): read by the

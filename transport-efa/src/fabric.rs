@@ -16,6 +16,7 @@ use crate::exit_guard::{self, Teardown};
 use crate::ffi;
 use crate::info::{self, InfoList};
 use crate::probe;
+use crate::spacing::{self, Spacing};
 use crate::util::{classify, fi_error, terr};
 use rdmalane_wake::EventFd;
 
@@ -79,6 +80,8 @@ pub struct FabricTransport {
     ctxs: Vec<Box<Ctx>>,
     efd: Arc<EventFd>,
     entries: Vec<ffi::fi_cq_data_entry>,
+    /// Time left after a read of the completion queues that found nothing (see `spacing`).
+    spacing: Spacing,
     /// Until when closing an shm endpoint does not wait for a peer endpoint of this process to
     /// close first: set when such a wait runs out, so that a shutdown whose peers do not close
     /// (nobody drives them) waits once, not once per lane.
@@ -103,9 +106,22 @@ fn check(ret: impl Into<i64>, prov: &str, what: &str) -> Result<()> {
 impl FabricTransport {
     /// Open `provider` (or the preference list when `None`), binding to `node` where the
     /// provider needs an address; `wait_fd` asks for a CQ the caller can sleep on.
+    /// Spacing and trust come from the environment, as the runtime's builder reads them.
     pub fn open(provider: Option<&str>, node: Option<&str>, wait_fd: bool) -> Result<FabricTransport> {
         let nodes = [node.map(String::from)];
-        Self::open_rails(provider, &nodes, &[0], wait_fd, rdmalane::transport::trust_local_peers_env())
+        let mut t =
+            Self::open_rails(provider, &nodes, &[0], wait_fd, rdmalane::transport::trust_local_peers_env())?;
+        t.space_polls(rdmalane::transport::poll_spacing_env());
+        Ok(t)
+    }
+
+    /// Leave `every` after a completion-queue read that found nothing before the next one
+    /// (see [`spacing`](crate::spacing)); `None` keeps the provider's default.
+    pub fn space_polls(&mut self, every: Option<Duration>) {
+        if let Some(every) = every {
+            self.spacing = Spacing::new(every);
+        }
+        tracing::debug!(provider = %self.caps.provider, ?every, "empty completion-queue reads spaced");
     }
 
     /// Open one rail per entry of `ids`, the rails' indices on the host (a rail group opens a
@@ -209,6 +225,7 @@ impl FabricTransport {
                 source: e,
             })?),
             entries: vec![ffi::fi_cq_data_entry::default(); CQ_BATCH],
+            spacing: Spacing::new(spacing::default_for(prov)),
             served_seen: 0,
             hurried_until: None,
         };
@@ -694,6 +711,7 @@ impl Transport for FabricTransport {
         if exit_guard::exiting() {
             return 0;
         }
+        let Some(started) = self.spacing.ready() else { return 0 };
         let before = out.len();
         let mut entries = std::mem::take(&mut self.entries);
         for (_, lane) in self.lanes.iter() {
@@ -726,6 +744,9 @@ impl Transport for FabricTransport {
             }
         }
         self.entries = entries;
+        if out.len() == before {
+            self.spacing.found_nothing(started);
+        }
         out.len() - before
     }
 

@@ -19,6 +19,7 @@ pub mod probe;
 pub mod raw;
 mod shm_files;
 mod shm_peers;
+pub mod spacing;
 mod util;
 
 pub use fabric::FabricTransport;
@@ -46,13 +47,14 @@ impl Backend for Libfabric {
                 config.rail_nodes.get(id).cloned().or(if id == 0 { config.node.clone() } else { None })
             })
             .collect();
-        let t = FabricTransport::open_rails(
+        let mut t = FabricTransport::open_rails(
             config.provider.as_deref(),
             &nodes,
             &ids,
             !config.no_wait_object,
             config.trust_local_peers,
         )?;
+        t.space_polls(config.poll_spacing);
         Ok(Box::new(t))
     }
 

@@ -26,6 +26,11 @@ impl Cycles {
         ticks()
     }
 
+    /// How many ticks of the counter `d` lasts (0 where the counter could not be calibrated).
+    pub fn ticks_in(&self, d: Duration) -> u64 {
+        (d.as_nanos() as f64 * self.per_ns).ceil() as u64
+    }
+
     /// `ticks` of the counter in nanoseconds.
     pub fn ns(&self, ticks: f64) -> f64 {
         if self.per_ns > 0.0 {
