@@ -194,7 +194,8 @@ impl Builder {
     /// (or `RDMALANE_POLL_SPACING_NS`). A reader polling back to back slows a peer posting to
     /// it where both take one lock (shm), so a little spacing makes round trips shorter there.
     /// Default: the backend's (libfabric: 80 ns on shm and tcp; none on efa, where the NIC
-    /// writes completions); `Duration::ZERO` reads on every turn.
+    /// writes completions); `Duration::ZERO` reads on every turn; at most 1 ms is taken. The
+    /// verbs backend reads on every turn and ignores it.
     pub fn poll_spacing(mut self, every: Duration) -> Self {
         self.config.poll_spacing = Some(every);
         self

@@ -116,7 +116,7 @@ impl FabricTransport {
     }
 
     /// Leave `every` after a completion-queue read that found nothing before the next one
-    /// (see [`spacing`](crate::spacing)); `None` keeps the provider's default.
+    /// (see [`crate::spacing`]); `None` keeps the provider's default.
     pub fn space_polls(&mut self, every: Option<Duration>) {
         if let Some(every) = every {
             self.spacing = Spacing::new(every);
@@ -388,6 +388,47 @@ impl FabricTransport {
         }
         self.ctxs[i].id = id;
         &mut *self.ctxs[i] as *mut Ctx as *mut _
+    }
+
+    /// Read every lane's completion queue, up to `max` completions in all: how many, and
+    /// whether a read was made and found nothing at all (no completion, event or error).
+    fn read_queues(&mut self, out: &mut Vec<Completion>, max: usize) -> (usize, bool) {
+        let before = out.len();
+        let (mut read, mut found) = (false, false);
+        let mut entries = std::mem::take(&mut self.entries);
+        for (_, lane) in self.lanes.iter() {
+            let room = (max - (out.len() - before)).min(CQ_BATCH);
+            if room == 0 {
+                break;
+            }
+            let t0 = probe::start();
+            // SAFETY: `entries` holds CQ_BATCH entries of the format the CQ was opened with.
+            let r = unsafe { ffi::fi_cq_read(lane.cq, entries.as_mut_ptr() as *mut _, room) };
+            probe::cq_read(t0, r > 0);
+            read = true;
+            found |= r > 0 || r == -(ffi::FI_EAVAIL as isize);
+            if r > 0 {
+                for e in &entries[..r as usize] {
+                    if e.flags & ffi::FI_REMOTE_WRITE as u64 != 0 {
+                        if e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0 {
+                            out.push(Completion::RemoteWrite { imm: e.data, len: e.len });
+                        }
+                        continue;
+                    }
+                    if e.op_context.is_null() {
+                        continue;
+                    }
+                    // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
+                    let id = unsafe { (*(e.op_context as *const Ctx)).id };
+                    let imm = (e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0).then_some(e.data);
+                    out.push(Completion::Op { id, len: e.len, imm, status: Ok(()) });
+                }
+            } else if r == -(ffi::FI_EAVAIL as isize) {
+                self.cq_error(lane.cq, out);
+            }
+        }
+        self.entries = entries;
+        (out.len() - before, read && !found)
     }
 
     fn cq_error(&self, cq: *mut ffi::fid_cq, out: &mut Vec<Completion>) {
@@ -712,42 +753,18 @@ impl Transport for FabricTransport {
             return 0;
         }
         let Some(started) = self.spacing.ready() else { return 0 };
-        let before = out.len();
-        let mut entries = std::mem::take(&mut self.entries);
-        for (_, lane) in self.lanes.iter() {
-            let room = (max - (out.len() - before)).min(CQ_BATCH);
-            if room == 0 {
-                break;
-            }
-            let t0 = probe::start();
-            // SAFETY: `entries` holds CQ_BATCH entries of the format the CQ was opened with.
-            let r = unsafe { ffi::fi_cq_read(lane.cq, entries.as_mut_ptr() as *mut _, room) };
-            probe::cq_read(t0, r > 0);
-            if r > 0 {
-                for e in &entries[..r as usize] {
-                    if e.flags & ffi::FI_REMOTE_WRITE as u64 != 0 {
-                        if e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0 {
-                            out.push(Completion::RemoteWrite { imm: e.data, len: e.len });
-                        }
-                        continue;
-                    }
-                    if e.op_context.is_null() {
-                        continue;
-                    }
-                    // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
-                    let id = unsafe { (*(e.op_context as *const Ctx)).id };
-                    let imm = (e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0).then_some(e.data);
-                    out.push(Completion::Op { id, len: e.len, imm, status: Ok(()) });
-                }
-            } else if r == -(ffi::FI_EAVAIL as isize) {
-                self.cq_error(lane.cq, out);
-            }
-        }
-        self.entries = entries;
-        if out.len() == before {
+        let (n, found_nothing) = self.read_queues(out, max);
+        if found_nothing {
             self.spacing.found_nothing(started);
         }
-        out.len() - before
+        n
+    }
+
+    fn poll_now(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        if exit_guard::exiting() {
+            return 0;
+        }
+        self.read_queues(out, max).0
     }
 
     fn remote_served(&mut self) -> bool {

@@ -16,6 +16,10 @@ use rdmalane_wake::{ticks, Cycles};
 /// (50 to 100 ns; at 125 ns the wait began to show).
 pub const DEFAULT: Duration = Duration::from_nanos(80);
 
+/// The longest spacing taken: a longer one is cut to this (reads seconds apart would stall
+/// drains and heartbeats).
+pub const MAX: Duration = Duration::from_millis(1);
+
 /// The spacing a provider gets when none is asked for.
 pub fn default_for(provider: &str) -> Duration {
     if provider == "shm" || provider.starts_with("tcp") {
@@ -35,8 +39,9 @@ pub(crate) struct Spacing {
 }
 
 impl Spacing {
+    /// Leave `every` (at most [`MAX`]) after a read that found nothing; zero: never wait.
     pub fn new(every: Duration) -> Spacing {
-        let ticks = if every.is_zero() { 0 } else { clock().ticks_in(every).max(1) };
+        let ticks = if every.is_zero() { 0 } else { clock().ticks_in(every.min(MAX)).max(1) };
         Spacing { ticks, last_empty: 0 }
     }
 
@@ -65,10 +70,11 @@ impl Spacing {
     }
 }
 
-/// The counter's rate, measured once per process (2 ms, at the first transport that spaces).
+/// The counter's rate, measured once per process (over 200 µs, at the first transport that
+/// spaces): a spacing need not be exact.
 fn clock() -> Cycles {
     static CLOCK: OnceLock<Cycles> = OnceLock::new();
-    *CLOCK.get_or_init(|| Cycles::calibrate(Duration::from_millis(2)))
+    *CLOCK.get_or_init(|| Cycles::calibrate(Duration::from_micros(200)))
 }
 
 #[cfg(test)]
@@ -87,6 +93,8 @@ mod tests {
         let off = Spacing::new(Duration::ZERO);
         assert_eq!(off.ready(), Some(0), "off: every poll reads, with no clock read");
         assert!(Spacing::new(Duration::from_nanos(1)).ticks >= 1);
+        let longest = Spacing::new(MAX).ticks;
+        assert_eq!(Spacing::new(Duration::MAX).ticks, longest, "a longer spacing is cut to MAX");
     }
 
     #[test]

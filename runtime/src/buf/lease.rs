@@ -9,7 +9,10 @@ pub(crate) fn post(t: &mut dyn Transport, wr: &WorkRequest<'_>) -> Result<Posted
     // SAFETY: every segment comes from an `IoBuf` held by its op's future, whose drop moves it
     // into the op cell; the reactor holds that cell in its in-flight slab until `poll` returns
     // this id (or, at shutdown, until the lane is closed), and `IoBuf` memory keeps its address
-    // when the value moves, so the memory stays valid and unshared for the whole DMA.
+    // when the value moves, so the memory stays valid and unshared for the whole DMA. (An op
+    // posted at once by its future's own poll, `Reactor::post_at_once`, gets its cell just
+    // after this returns: the cell goes into the slab and to the future before any waker or
+    // other code runs, so nothing can drop the future in between.)
     unsafe { t.post(wr) }
 }
 

@@ -146,12 +146,20 @@ impl<B: IoBuf> Future for Op<B> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        // The first poll spends the budget before submitting: an op that finishes as it is
+        // posted (a small send the provider copies) is never pending, so the budget alone
+        // makes a loop of them yield to what it is joined with.
+        let fresh = matches!(this.inner, Inner::Unsubmitted(..));
+        if fresh && !Runtime::coop_proceed() {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         this.submit(true);
         let out = match &mut this.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
             Inner::Pending(rt, cell) => {
-                if !Runtime::coop_proceed() {
+                if !fresh && !Runtime::coop_proceed() {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }

@@ -687,7 +687,7 @@ impl Reactor {
         // Lost before reaping: what the reap would start for this peer (a rendezvous read)
         // fails at once instead of being queued behind the failure.
         self.peers[slot].lost = Some(reason.clone());
-        while self.reap() {}
+        while self.reap_now() {}
         let lanes = std::mem::take(&mut self.peers[slot].lanes);
         for (lane, ..) in &lanes {
             self.t.close_lane(*lane);
@@ -935,6 +935,18 @@ impl Reactor {
 
     fn reap(&mut self) -> bool {
         let n = self.t.poll(&mut self.comps, POLL_BATCH);
+        self.complete_polled(n)
+    }
+
+    /// As `reap`, reading the completion queues now even where the transport spaces its
+    /// reads: a drain must see what has arrived.
+    fn reap_now(&mut self) -> bool {
+        let n = self.t.poll_now(&mut self.comps, POLL_BATCH);
+        self.complete_polled(n)
+    }
+
+    /// Complete the `n` completions just polled into `comps`; false when there were none.
+    fn complete_polled(&mut self, n: usize) -> bool {
         if n == 0 {
             return false;
         }
