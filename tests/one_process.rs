@@ -329,6 +329,29 @@ fn a_loop_of_small_sends_under_the_inline_driver_does_not_starve_what_it_is_join
 }
 
 #[test]
+fn a_thread_driven_block_on_nested_in_an_inline_drivers_poll_is_not_held_to_its_budget() {
+    // The inline driver's poll budget (128 op polls) is its own: ops under a nested block_on
+    // of a thread-driven runtime must not spend it, or, once it is spent, they would yield
+    // forever to an executor that never resets it.
+    let _guard = watchdog(60);
+    for p in providers() {
+        let (a, b, _ab, ba, _target, _remote) = inline_pair(p, 64);
+        let sent = a.block_on(async {
+            b.block_on(async {
+                let mut buf = b.alloc(16).unwrap();
+                for i in 0..300u32 {
+                    let (r, back) = ba.send(buf).await;
+                    r.unwrap_or_else(|e| panic!("{p}: send {i}: {e}"));
+                    buf = back;
+                }
+                300
+            })
+        });
+        assert_eq!(sent, 300, "{p}");
+    }
+}
+
+#[test]
 fn a_future_dropped_before_posting_is_withdrawn() {
     let _guard = watchdog(60);
     for p in providers() {

@@ -666,6 +666,14 @@ impl Runtime {
     /// drives the reactor, busy-polling; otherwise it parks until woken.
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
         let Some(slot) = &self.inner.inline else {
+            // No driver of ours here, even nested in an inline driver's poll: that driver's
+            // budget must not be spent (and, spent, make every op yield) where it never resets.
+            let _outer = Driving {
+                outer: DRIVING.replace(false),
+                outer_driver: DRIVER.take(),
+                reap: REAP_IN_POLL.get(),
+                budget: BUDGET.get(),
+            };
             return futures::executor::block_on(fut);
         };
         let (id, idle) = (self.inner.id, &self.inner.groups[0].idle);

@@ -33,7 +33,8 @@ enum Inner {
     Pending(u64, Arc<OpCell>),
 }
 
-/// An operation. Nothing happens until it is first polled (then it is handed to the reactor);
+/// An operation. Nothing happens until it is first polled (then it is handed to the reactor,
+/// unless the inline driver's poll budget is spent: then at its next poll) or started;
 /// it resolves to the result (the bytes moved) and the buffer. Dropping it at any point is
 /// safe: before posting it is withdrawn, after posting the reactor keeps the buffer until the
 /// completion arrives. `.class(..)` and `.tenant(..)` set how the fair-share scheduler serves
@@ -146,11 +147,10 @@ impl<B: IoBuf> Future for Op<B> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        // The first poll spends the budget before submitting: an op that finishes as it is
-        // posted (a small send the provider copies) is never pending, so the budget alone
-        // makes a loop of them yield to what it is joined with.
-        let fresh = matches!(this.inner, Inner::Unsubmitted(..));
-        if fresh && !Runtime::coop_proceed() {
+        // Every poll spends the budget, the first before submitting: an op that finishes as it
+        // is posted (a small send the provider copies, now or at `start`) is never pending, so
+        // the budget alone makes a loop of them yield to what it is joined with.
+        if !Runtime::coop_proceed() {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
@@ -158,16 +158,10 @@ impl<B: IoBuf> Future for Op<B> {
         let out = match &mut this.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
-            Inner::Pending(rt, cell) => {
-                if !fresh && !Runtime::coop_proceed() {
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                match Self::outcome(cell, *rt, cx) {
-                    Some(o) => o.map(|d| d.len),
-                    None => return Poll::Pending,
-                }
-            }
+            Inner::Pending(rt, cell) => match Self::outcome(cell, *rt, cx) {
+                Some(o) => o.map(|d| d.len),
+                None => return Poll::Pending,
+            },
         };
         // Let go of the cell now: the op is over.
         if let Inner::Pending(_, cell) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
