@@ -335,19 +335,33 @@ fn a_thread_driven_block_on_nested_in_an_inline_drivers_poll_is_not_held_to_its_
     // forever to an executor that never resets it.
     let _guard = watchdog(60);
     for p in providers() {
-        let (a, b, _ab, ba, _target, _remote) = inline_pair(p, 64);
-        let sent = a.block_on(async {
-            b.block_on(async {
+        let (a, b, ab, ba, _target, _remote) = inline_pair(p, 64);
+        let (sent, got) = a.block_on(async {
+            // Posted at once (this thread holds a's reactor): on verbs a send needs a posted
+            // receive, and a's reactor does not turn while the nested block_on runs.
+            let recvs: Vec<_> = (0..300).map(|_| ab.recv(a.alloc(16).unwrap()).start()).collect();
+            let sent = b.block_on(async {
                 let mut buf = b.alloc(16).unwrap();
                 for i in 0..300u32 {
+                    buf[..4].copy_from_slice(&i.to_le_bytes());
                     let (r, back) = ba.send(buf).await;
                     r.unwrap_or_else(|e| panic!("{p}: send {i}: {e}"));
                     buf = back;
                 }
                 300
-            })
+            });
+            // Every message once (no order assumed).
+            let mut got = Vec::new();
+            for (i, recv) in recvs.into_iter().enumerate() {
+                let (n, m) = recv.await;
+                assert_eq!(n.unwrap_or_else(|e| panic!("{p}: recv {i}: {e}")), 16);
+                got.push(u32::from_le_bytes(m[..4].try_into().unwrap()));
+            }
+            got.sort_unstable();
+            (sent, got)
         });
         assert_eq!(sent, 300, "{p}");
+        assert_eq!(got, (0..300).collect::<Vec<u32>>(), "{p}: every message once");
     }
 }
 
