@@ -770,11 +770,12 @@ impl Reactor {
             // Only the reactor holds the cell (here and in its posted chunks): the future was
             // dropped. Withdraw the rest.
             if h.req.cell.abandoned(1 + h.posted) {
-                self.sched.unissue(c);
-                if last_of_op {
-                    if let Some(done) = self.sched.cancel(c.op) {
-                        self.finish_op(done);
-                    }
+                let done = match self.sched.unissue(c) {
+                    None if last_of_op => self.sched.cancel(c.op),
+                    done => done,
+                };
+                if let Some(done) = done {
+                    self.finish_op(done);
                 }
                 chunks.remove(i);
                 continue;
@@ -783,11 +784,12 @@ impl Reactor {
             if let Some((peer, reason)) = p.lost.as_ref().map(|r| (p.label.clone(), r.clone())) {
                 let h = self.held[c.op.0].as_mut().expect("held");
                 h.error.get_or_insert(Error::PeerLost { op: h.req.op, peer, reason });
-                self.sched.unissue(c);
-                if last_of_op {
-                    if let Some(done) = self.sched.fail(c.op) {
-                        self.finish_op(done);
-                    }
+                let done = match self.sched.unissue(c) {
+                    None if last_of_op => self.sched.fail(c.op),
+                    done => done,
+                };
+                if let Some(done) = done {
+                    self.finish_op(done);
                 }
                 chunks.remove(i);
                 continue;
@@ -829,8 +831,13 @@ impl Reactor {
                     }
                 }
                 Err(PostError::Again) => {
-                    // The queue is full: this chunk and the rest go back, to be posted first.
-                    chunks[i..].iter().for_each(|&c| self.sched.unissue(c));
+                    // The queue is full: this chunk and the rest go back, to be posted first
+                    // (those of an op withdrawn meanwhile are dropped, which may end it).
+                    for &c in &chunks[i..] {
+                        if let Some(done) = self.sched.unissue(c) {
+                            self.finish_op(done);
+                        }
+                    }
                     break;
                 }
                 Err(PostError::Failed(e)) => {

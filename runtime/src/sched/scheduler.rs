@@ -488,8 +488,9 @@ impl Scheduler {
     }
 
     /// A chunk `next` gave out could not be posted (queue full): take it back, to be issued
-    /// again first.
-    pub fn unissue(&mut self, c: Chunk) {
+    /// again first. Of an op cancelled or failed meanwhile, it is dropped instead, and the op
+    /// is done if this was its last chunk out.
+    pub fn unissue(&mut self, c: Chunk) -> Option<OpDone> {
         let o = &mut self.ops[c.op.0];
         o.outstanding -= 1;
         o.rr = o.rr.wrapping_sub(1);
@@ -501,12 +502,15 @@ impl Scheduler {
         self.account(c.lane, tenant, class, -(c.len as isize), -1);
         let o = &mut self.ops[c.op.0];
         if o.failed || o.cancelled {
-            return;
+            // Cancelled or failed while this chunk was out (a future dropped between the
+            // reactor's look and a post the provider refused): it may have been the last.
+            return self.resolve(c.op);
         }
         o.returned.push((c.offset, c.len));
         if !o.queued {
             self.enqueue(c.op, true);
         }
+        None
     }
 
     /// A posted chunk completed (`ok`) or failed. Returns the op once it is resolved: after its

@@ -184,7 +184,7 @@ proptest! {
             for c in fresh.into_iter().rev() {
                 if refuse.next() == Some(true) {
                     refused = true;
-                    sim.s.unissue(c);
+                    assert!(sim.s.unissue(c).is_none(), "a live op's chunk goes back");
                     let at = sim.inflight.iter().position(|x| *x == c).expect("posted");
                     sim.inflight.remove(at);
                 } else {
@@ -442,4 +442,32 @@ fn bulk_runs_unthrottled_until_latency_work_shows_up() {
     // Split while latency work was seen within the last 4 bulk chunks; unthrottled after.
     assert_eq!(after[..4], [1000; 4], "bulk not split once latency shows: {after:?}");
     assert!(after[4..].iter().all(|&l| l == 10_000), "{after:?}");
+}
+
+#[test]
+fn a_chunk_refused_after_its_op_was_cancelled_ends_the_op() {
+    // The reactor looked at the first chunk (its future still there), then the future was
+    // dropped: the other chunks went back and the op was cancelled with the first still out.
+    // The provider then refused that one (rxm's first write on a lane still connecting): its
+    // return must end the op, or it sits in the scheduler forever, neither posted nor
+    // withdrawn, holding the buffer (rail_groups' dropped split op, 1 run in ~100 here).
+    let mut s = Scheduler::new(cfg());
+    let id = s.push(bulk(0, 4000, vec![0]));
+    let mut out = Vec::new();
+    s.next(&mut out, 64);
+    assert_eq!(out.len(), 4, "{out:?}");
+    for &c in &out[1..] {
+        assert_eq!(s.unissue(c), None);
+    }
+    assert_eq!(s.cancel(id), None, "the first chunk is still out");
+    assert_eq!(s.unissue(out[0]), Some(OpDone { op: id, ok: false }), "its return ends the op");
+    assert!(s.is_empty(), "nothing is left behind");
+    // A failed op's last chunk going back ends it the same way.
+    let id = s.push(bulk(0, 2000, vec![0]));
+    out.clear();
+    s.next(&mut out, 64);
+    assert_eq!(s.fail(id), None);
+    assert_eq!(s.unissue(out[0]), None, "one more is out");
+    assert_eq!(s.unissue(out[1]), Some(OpDone { op: id, ok: false }));
+    assert!(s.is_empty());
 }
