@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::{Access, Driver, Endpoint, Error, OpKind, RegisteredBuf, RemoteBuf, Runtime};
-use rdmalane_conformance::{bounded, expose_to, pair, pattern, providers, runtime, watchdog};
+use rdmalane_conformance::{bounded, builder, expose_to, pair, pattern, providers, runtime, watchdog};
 
 const SIZES: [usize; 9] = [1, 7, 63, 4096, 4097, 65_537, (1 << 20) + 3, 9_999_991, 64 << 20];
 
@@ -629,15 +629,7 @@ fn reads_spaced_far_apart_or_not_at_all_still_complete_every_op() {
     bounded(90, async {
         for p in providers() {
             for spacing in [Duration::ZERO, Duration::from_micros(200)] {
-                let make = || {
-                    Runtime::builder()
-                        .backend(rdmalane_verbs::Verbs)
-                        .backend(rdmalane_efa::Libfabric)
-                        .provider(p)
-                        .poll_spacing(spacing)
-                        .build()
-                        .unwrap_or_else(|e| panic!("{p}: {e}"))
-                };
+                let make = || builder(p).poll_spacing(spacing).build().unwrap_or_else(|e| panic!("{p}: {e}"));
                 let (a, b) = (make(), make());
                 let (ab, ba) = pair(&a, &b).await;
                 for round in 0..20u64 {

@@ -668,12 +668,7 @@ impl Runtime {
         let Some(slot) = &self.inner.inline else {
             // No driver of ours here, even nested in an inline driver's poll: that driver's
             // budget must not be spent (and, spent, make every op yield) where it never resets.
-            let _outer = Driving {
-                outer: DRIVING.replace(false),
-                outer_driver: DRIVER.take(),
-                reap: REAP_IN_POLL.get(),
-                budget: BUDGET.get(),
-            };
+            let _outer = Driving::enter(false, None);
             return futures::executor::block_on(fut);
         };
         let (id, idle) = (self.inner.id, &self.inner.groups[0].idle);
@@ -682,12 +677,7 @@ impl Runtime {
         let waker = Waker::from(flag.clone());
         let mut cx = Context::from_waker(&waker);
         // Restores the thread's driver state however this returns, a panic included.
-        let _driving = Driving {
-            outer: DRIVING.replace(true),
-            outer_driver: DRIVER.replace(Some((self.id(), waker.clone()))),
-            reap: REAP_IN_POLL.get(),
-            budget: BUDGET.get(),
-        };
+        let _driving = Driving::enter(true, Some((self.id(), waker.clone())));
         // The reactor stays on this thread until this returns (see `inline`).
         let mut hold = slot.hold(id);
         let mut kicks = crate::op::cell::driver_kicks();
@@ -1162,6 +1152,19 @@ struct Driving {
     /// An outer driver's poll in progress keeps its reap and budget.
     reap: bool,
     budget: u32,
+}
+
+impl Driving {
+    /// Set this thread's driver state (`driver`: the runtime id and waker of an inline driver
+    /// now polling); the guard restores the outer state when dropped.
+    fn enter(driving: bool, driver: Option<(u64, Waker)>) -> Driving {
+        Driving {
+            outer: DRIVING.replace(driving),
+            outer_driver: DRIVER.replace(driver),
+            reap: REAP_IN_POLL.get(),
+            budget: BUDGET.get(),
+        }
+    }
 }
 
 impl Drop for Driving {

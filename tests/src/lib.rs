@@ -35,27 +35,26 @@ pub fn main_provider() -> &'static str {
     providers()[0]
 }
 
-/// A runtime on `provider` with its own reactor thread.
-pub fn runtime(provider: &str) -> Runtime {
+/// A builder for `provider` with both backends, as the tests' runtimes are made.
+pub fn builder(provider: &str) -> rdmalane::Builder {
     Runtime::builder()
         .backend(rdmalane_verbs::Verbs)
         .backend(rdmalane_efa::Libfabric)
         .provider(provider)
         .idle_spin(Duration::from_micros(50))
-        .build()
-        .unwrap_or_else(|e| panic!("runtime on {provider}: {e}"))
+}
+
+/// A runtime on `provider` with its own reactor thread.
+pub fn runtime(provider: &str) -> Runtime {
+    builder(provider).build().unwrap_or_else(|e| panic!("runtime on {provider}: {e}"))
 }
 
 /// A runtime on `provider` spanning `rails` rails (tcp: 127.0.0.1, 127.0.0.2, ...).
 pub fn runtime_with_rails(provider: &str, rails: usize, stripe: rdmalane::sched::Stripe) -> Runtime {
     let sched = rdmalane::sched::SchedConfig { stripe, ..Default::default() };
-    Runtime::builder()
-        .backend(rdmalane_verbs::Verbs)
-        .backend(rdmalane_efa::Libfabric)
-        .provider(provider)
+    builder(provider)
         .rails(rails)
         .scheduler(sched)
-        .idle_spin(Duration::from_micros(50))
         .build()
         .unwrap_or_else(|e| panic!("runtime on {provider} with {rails} rails: {e}"))
 }

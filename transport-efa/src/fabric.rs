@@ -392,7 +392,11 @@ impl FabricTransport {
 
     /// Read every lane's completion queue, up to `max` completions in all: how many, and
     /// whether a read was made and found nothing at all (no completion, event or error).
+    /// Nothing is read once the process is exiting.
     fn read_queues(&mut self, out: &mut Vec<Completion>, max: usize) -> (usize, bool) {
+        if exit_guard::exiting() {
+            return (0, false);
+        }
         let before = out.len();
         let (mut read, mut found) = (false, false);
         let mut entries = std::mem::take(&mut self.entries);
@@ -749,9 +753,6 @@ impl Transport for FabricTransport {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
-        if exit_guard::exiting() {
-            return 0;
-        }
         let Some(started) = self.spacing.ready() else { return 0 };
         let (n, found_nothing) = self.read_queues(out, max);
         if found_nothing {
@@ -761,9 +762,6 @@ impl Transport for FabricTransport {
     }
 
     fn poll_now(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
-        if exit_guard::exiting() {
-            return 0;
-        }
         self.read_queues(out, max).0
     }
 

@@ -213,8 +213,13 @@ fn cell_key(cell: &Arc<OpCell>) -> usize {
 
 /// Complete an op cell and count the outcome.
 fn resolve(counters: &Counters, cell: &OpCell, res: Result<Done, Error>) {
+    cell.complete(counted(counters, res));
+}
+
+/// An op's outcome, counted as completed or failed.
+fn counted(counters: &Counters, res: Result<Done, Error>) -> Result<Done, Error> {
     Counters::add(if res.is_ok() { &counters.completed } else { &counters.failed });
-    cell.complete(res);
+    res
 }
 
 /// The work request for `len` bytes at op offset `offset`, going to the peer's rail
@@ -358,13 +363,9 @@ impl Reactor {
             return Err(draft);
         }
         if !matches!(draft.kind, WrKind::Recv) {
-            let cfg = self.sched.config();
-            let class = draft.class.unwrap_or_else(|| cfg.default_class(seg.len));
+            let class = draft.class.unwrap_or_else(|| self.sched.config().default_class(seg.len));
             // (Not above the largest message either: no rendezvous.)
-            if class != Class::Latency
-                || !self.sched.is_empty()
-                || seg.len > cfg.chunk_size.min(cfg.max_message)
-            {
+            if !self.bypasses_scheduler(class, true, seg.len) {
                 return Err(draft);
             }
             self.kick_if_asleep(peer);
@@ -374,7 +375,9 @@ impl Reactor {
         let (id, posted) = self.post_whole(peer, draft.kind, seg);
         let (op, kind) = (draft.op, draft.kind);
         Ok(match posted {
-            Ok(Posted::Completed) => AtOnce::Finished(self.resolved(Ok(Done { len: seg.len, imm: None }))),
+            Ok(Posted::Completed) => {
+                AtOnce::Finished(counted(&self.counters, Ok(Done { len: seg.len, imm: None })))
+            }
             Ok(Posted::Queued) => {
                 let cell = OpCell::new();
                 self.in_flight(InFlight { id, cell: cell.clone(), peer, op, chunk: None, seg, kind });
@@ -387,15 +390,19 @@ impl Reactor {
             }
             Err(PostError::Failed(e)) => {
                 let err = Error::from_transport(op, &self.peers[peer].label, e);
-                AtOnce::Finished(self.resolved(Err(err)))
+                AtOnce::Finished(counted(&self.counters, Err(err)))
             }
         })
     }
 
-    /// The outcome of an op resolved with no cell, counted as `resolve` counts.
-    fn resolved(&self, res: Result<Done, Error>) -> Result<Done, Error> {
-        Counters::add(if res.is_ok() { &self.counters.completed } else { &self.counters.failed });
-        res
+    /// Does an op other than a receive skip the scheduler, posted directly? A plain
+    /// (unbatched) latency op that goes whole, while the scheduler holds nothing.
+    fn bypasses_scheduler(&self, class: Class, plain: bool, len: usize) -> bool {
+        let cfg = self.sched.config();
+        class == Class::Latency
+            && plain
+            && self.sched.is_empty()
+            && len <= cfg.chunk_size.min(cfg.max_message)
     }
 
     /// A failure the runtime reports itself, in the provider's name (no errno).
@@ -525,12 +532,7 @@ impl Reactor {
         let len = req.len();
         let class = req.class.unwrap_or_else(|| self.sched.config().default_class(len));
         let plain = req.batch.is_none();
-        let cfg = self.sched.config();
-        if class == Class::Latency
-            && plain
-            && self.sched.is_empty()
-            && len <= cfg.chunk_size.min(cfg.max_message)
-        {
+        if self.bypasses_scheduler(class, plain, len) {
             self.sched.note_latency();
             self.push_direct(req);
             return;
@@ -770,13 +772,7 @@ impl Reactor {
             // Only the reactor holds the cell (here and in its posted chunks): the future was
             // dropped. Withdraw the rest.
             if h.req.cell.abandoned(1 + h.posted) {
-                let done = match self.sched.unissue(c) {
-                    None if last_of_op => self.sched.cancel(c.op),
-                    done => done,
-                };
-                if let Some(done) = done {
-                    self.finish_op(done);
-                }
+                self.give_back(c, last_of_op, Scheduler::cancel);
                 chunks.remove(i);
                 continue;
             }
@@ -784,13 +780,7 @@ impl Reactor {
             if let Some((peer, reason)) = p.lost.as_ref().map(|r| (p.label.clone(), r.clone())) {
                 let h = self.held[c.op.0].as_mut().expect("held");
                 h.error.get_or_insert(Error::PeerLost { op: h.req.op, peer, reason });
-                let done = match self.sched.unissue(c) {
-                    None if last_of_op => self.sched.fail(c.op),
-                    done => done,
-                };
-                if let Some(done) = done {
-                    self.finish_op(done);
-                }
+                self.give_back(c, last_of_op, Scheduler::fail);
                 chunks.remove(i);
                 continue;
             }
@@ -868,6 +858,18 @@ impl Reactor {
             }
         }
         work
+    }
+
+    /// A chunk of an op that is not to be posted goes back; with the op's last chunk of the
+    /// round, `end` (cancel or fail) withdraws the rest. Finishes the op if that ended it.
+    fn give_back(&mut self, c: Chunk, last_of_op: bool, end: fn(&mut Scheduler, OpId) -> Option<OpDone>) {
+        let done = match self.sched.unissue(c) {
+            None if last_of_op => end(&mut self.sched, c.op),
+            done => done,
+        };
+        if let Some(done) = done {
+            self.finish_op(done);
+        }
     }
 
     /// Post one op that bypasses the scheduler, or resolve it (withdrawn, peer lost, failed);
