@@ -149,20 +149,26 @@ fn with_secret(p: &str, secret: Option<&str>) -> rdmalane::Runtime {
 
 #[test]
 fn a_shared_secret_admits_only_peers_that_know_it() {
-    use rdmalane::{Error, OpKind};
+    use rdmalane::{Error, RefusalReason};
     bounded(60, async {
         let server = with_secret(main_provider(), Some("open sesame"));
         let l = server.listen("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        for (secret, why) in [(Some("wrong"), "does not know"), (None, "requires a shared secret")] {
+        let mut refusals = l.refusals();
+        for (secret, why) in
+            [(Some("wrong"), RefusalReason::WrongSecret), (None, RefusalReason::MissingSecret)]
+        {
             let client = with_secret(main_provider(), secret);
-            let (c, s) = tokio::join!(client.connect(addr), l.accept());
-            assert!(
-                matches!(&s, Err(Error::Handshake { op: OpKind::Accept, reason, .. }) if reason.contains(why)),
-                "{s:?}"
-            );
+            let c = client.connect(addr).await;
             assert!(matches!(c, Err(Error::Handshake { .. })), "{c:?}");
+            let r = refusals.next().await.unwrap();
+            assert_eq!(r.reason, why, "{r}");
         }
+        // Both sides see a wrong secret as such.
+        let client = with_secret(main_provider(), Some("wrong"));
+        let c = client.connect(addr).await;
+        assert!(matches!(c, Err(Error::Handshake { why: RefusalReason::WrongSecret, .. })), "{c:?}");
+        assert_eq!(refusals.next().await.unwrap().reason, RefusalReason::WrongSecret);
         // A peer with the secret gets in, and the link works.
         let client = with_secret(main_provider(), Some("open sesame"));
         let (c, s) = tokio::join!(client.connect(addr), l.accept());
@@ -170,11 +176,16 @@ fn a_shared_secret_admits_only_peers_that_know_it() {
         let recv = s.recv(server.alloc(8).unwrap()).start();
         c.send(client.alloc(8).unwrap()).await.0.unwrap();
         assert_eq!(recv.await.0.unwrap(), 8);
-        // A runtime with a secret refuses one without, in the other direction too.
+        assert_eq!(server.stats().refused.wrong_secret, 2);
+        assert_eq!(server.stats().refused.missing_secret, 1);
+        assert_eq!(server.stats().refused.total(), 3);
+        // A runtime without a secret refuses one with, in the other direction too.
         let open = with_secret(main_provider(), None);
         let l2 = open.listen("127.0.0.1:0").await.unwrap();
-        let (c, s) = tokio::join!(client.connect(l2.local_addr().unwrap()), l2.accept());
-        assert!(c.is_err() && s.is_err());
+        let mut refused = l2.refusals();
+        let c = client.connect(l2.local_addr().unwrap()).await;
+        assert!(c.is_err());
+        assert_eq!(refused.next().await.unwrap().reason, RefusalReason::MissingSecret);
     });
 }
 
@@ -191,6 +202,7 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
             .unwrap();
         let l = server.listen("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
+        let mut refusals = l.refusals();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             x ^= x << 13;
@@ -211,7 +223,9 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
         valid.extend_from_slice(client.provider().as_bytes());
         valid.push(1);
         valid.extend_from_slice(&u16::MAX.to_le_bytes()); // a name claiming 64 KiB
-        for case in 0..150u32 {
+        let mut lingering = Vec::new();
+        let cases = 150u32;
+        for case in 0..cases {
             let mut bytes: Vec<u8> = if case % 2 == 0 {
                 let cut = (next() as usize) % (valid.len() + 1);
                 valid[..cut].to_vec()
@@ -226,21 +240,20 @@ fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
             let _ = s.write_all(&bytes).await;
             // Mostly the stranger hangs up after writing; a few times it stays, silent, and
             // the handshake's time limit must end it.
-            let linger = case % 50 == 8;
-            if !linger {
-                drop(s);
-                let r = l.accept().await;
-                assert!(r.is_err(), "case {case}: {} bytes accepted", bytes.len());
-            } else {
-                let r = l.accept().await;
-                assert!(r.is_err(), "case {case}: {} bytes accepted", bytes.len());
-                drop(s);
+            if case % 50 == 8 {
+                lingering.push(s);
             }
         }
-        // Still serving.
+        // Every stranger is refused, once, and the listener is still serving.
+        for _ in 0..cases {
+            let r = refusals.next().await.expect("the listener is alive");
+            assert_ne!(r.reason, rdmalane::RefusalReason::OverCap, "{r}");
+        }
+        assert_eq!(server.stats().refused.total(), cases as u64);
         let (c, s) = tokio::join!(client.connect(addr), l.accept());
         c.unwrap();
         s.unwrap();
+        drop(lingering);
     });
 }
 

@@ -592,9 +592,12 @@ fn a_handshake_from_a_stranger_is_refused_and_the_listener_survives() {
         let l = b.listen("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut refusals = l.refusals();
         s.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-        let r = l.accept().await;
-        assert!(matches!(r, Err(Error::Handshake { op: OpKind::Accept, .. })), "{r:?}");
+        let r = refusals.next().await.unwrap();
+        assert_eq!(r.reason, rdmalane::RefusalReason::BadHello, "{r}");
+        assert!(r.detail.contains("bad magic"), "{r}");
+        assert_eq!(b.stats().refused.bad_hello, 1);
         let (x, y) = tokio::join!(a.connect(addr), l.accept());
         x.unwrap();
         y.unwrap();

@@ -158,13 +158,15 @@ pub enum Error {
         after_ms: u64,
     },
     /// The control-plane handshake failed.
-    #[error("{op} with {peer}: handshake failed: {reason}")]
+    #[error("{op} with {peer}: handshake failed ({why}): {reason}")]
     Handshake {
         /// Connect or accept.
         op: OpKind,
         /// The peer address.
         peer: String,
-        /// What was wrong.
+        /// Why, as a kind: wrong secret, other version, ...
+        why: crate::RefusalReason,
+        /// What exactly was wrong.
         reason: String,
     },
     /// A socket error on the control plane.

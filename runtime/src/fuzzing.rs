@@ -6,6 +6,18 @@ pub fn hello(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
     crate::bootstrap::decode_hello(bytes)
 }
 
+/// Run a listener's handshake state machine on a stranger's bytes, read in the pieces `cuts`
+/// gives (one byte each: the length of the next read), with and without a shared secret. Panics
+/// if the machine breaks a rule it must keep whatever the bytes (see `drive_acceptor_with`).
+pub fn handshake(bytes: &[u8]) {
+    let (cuts, bytes) = match bytes.split_first() {
+        Some((&n, rest)) => rest.split_at((n as usize % 16).min(rest.len())),
+        None => (&[][..], bytes),
+    };
+    let _ = crate::bootstrap::drive_acceptor_with(bytes, cuts, None);
+    let _ = crate::bootstrap::drive_acceptor_with(bytes, cuts, Some(b"secret"));
+}
+
 /// Decode a descriptor; a decoded one must encode back to the same bytes and decode again to
 /// an equal descriptor (panics otherwise, which the fuzzer reports).
 pub fn descriptor(bytes: &[u8]) {

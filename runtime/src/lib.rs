@@ -35,7 +35,7 @@ pub mod topology;
 pub mod transport;
 
 pub use batch::{Piece, Pieces};
-pub use bootstrap::{Listener, PROTOCOL_VERSION};
+pub use bootstrap::{Listener, Refusal, RefusalCounts, RefusalReason, Refusals, PROTOCOL_VERSION};
 pub use buf::{CacheStats, ExposedBuf, IoBuf, IoBufMut, RegisteredBuf, SharedBuf, Slice};
 pub use endpoint::Endpoint;
 pub use error::{BufResult, Error, FailureClass, OpKind, Result, TransportError};

@@ -10,6 +10,7 @@ use std::time::Duration;
 use slab::Slab;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::bootstrap::RefusalCounters;
 use crate::buf::cache::{timed, MrCache};
 use crate::buf::{CacheStats, ExposedBuf, IoBuf, RegisteredBuf, SharedBuf};
 use crate::control::Ctl;
@@ -52,6 +53,7 @@ pub struct Builder {
     driver: Driver,
     idle: IdlePolicy,
     connect_timeout: Duration,
+    max_handshakes: usize,
     peer_timeout: Duration,
     lanes: usize,
     sched: SchedConfig,
@@ -70,6 +72,7 @@ impl Default for Builder {
             driver: Driver::Thread,
             idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(5) },
             connect_timeout: Duration::from_secs(5),
+            max_handshakes: 256,
             peer_timeout: Duration::from_secs(3),
             lanes: 1,
             sched: SchedConfig::default(),
@@ -125,6 +128,15 @@ impl Builder {
     /// Limit for establishing a connection (TCP connect plus handshake).
     pub fn connect_timeout(mut self, t: Duration) -> Self {
         self.connect_timeout = t;
+        self
+    }
+
+    /// Handshakes a listener runs at once (default 256, at least 1). At the cap a new
+    /// connection takes the place of the oldest one that has not sent a whole hello; when every
+    /// handshake is past its hello, the newcomer is refused. Both count as
+    /// [`RefusalReason::OverCap`](crate::RefusalReason::OverCap) in [`Stats::refused`].
+    pub fn max_handshakes(mut self, n: usize) -> Self {
+        self.max_handshakes = n.max(1);
         self
     }
 
@@ -395,6 +407,8 @@ impl Builder {
                         .unwrap_or(1 << 30)
                 })),
                 connect_timeout: self.connect_timeout,
+                max_handshakes: self.max_handshakes,
+                refusals: RefusalCounters::default(),
                 peer_timeout,
                 secret: self
                     .secret
@@ -486,6 +500,9 @@ struct Inner {
     /// Each group's reactor's; the first also counts what other threads count.
     counters: Vec<Arc<Counters>>,
     connect_timeout: Duration,
+    max_handshakes: usize,
+    /// Handshakes this runtime's listeners refused, by reason.
+    refusals: RefusalCounters,
     peer_timeout: Duration,
     secret: Option<Vec<u8>>,
     /// Dropped after the reactor (fields drop after `Drop::drop`), so its entries find the
@@ -579,6 +596,14 @@ impl Runtime {
         self.inner.connect_timeout
     }
 
+    pub(crate) fn max_handshakes(&self) -> usize {
+        self.inner.max_handshakes
+    }
+
+    pub(crate) fn refusal_counters(&self) -> &RefusalCounters {
+        &self.inner.refusals
+    }
+
     /// Allocate `len` zeroed bytes of registered memory.
     pub fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
         RegisteredBuf::alloc(self, len)
@@ -651,7 +676,7 @@ impl Runtime {
 
     /// A snapshot of the op counters.
     pub fn stats(&self) -> Stats {
-        Counters::snapshot(&self.inner.counters)
+        Stats { refused: self.inner.refusals.snapshot(), ..Counters::snapshot(&self.inner.counters) }
     }
 
     /// Bytes posted on each rail so far (one entry per rail).

@@ -22,6 +22,8 @@ pub struct Stats {
     /// Peers woken on the control connection for an op of ours: their reactor slept on a
     /// provider that cannot wake it (shm).
     pub kicks: u64,
+    /// Handshakes this runtime's listeners refused, by reason.
+    pub refused: crate::RefusalCounts,
 }
 
 #[derive(Default)]
@@ -76,6 +78,7 @@ impl Counters {
             registrations: l(|c| &c.registrations),
             registration_ns: l(|c| &c.registration_ns),
             kicks: l(|c| &c.kicks),
+            refused: Default::default(),
         }
     }
 }

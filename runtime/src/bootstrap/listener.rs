@@ -1,0 +1,328 @@
+//! The listener: a task of its own accepts TCP connections and runs each one's handshake in a
+//! task of its own, bounded by the connect timeout, at most
+//! [`Builder::max_handshakes`](crate::Builder::max_handshakes) at a time. `accept()` hands out
+//! peers in the order their handshakes finished, so a slow or silent client delays no one; a
+//! failed handshake is counted, logged and reported to whoever watches, never returned.
+//!
+//! At the cap, a new connection takes the place of the oldest one that has not yet sent a
+//! whole hello (a stranger holding a slot open costs it nothing to lose); only when every slot
+//! holds a peer past its hello is the newcomer refused. Both count as
+//! [`RefusalReason::OverCap`].
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::{AbortHandle, JoinSet};
+
+use super::drive::{drive, DriveError};
+use super::handshake::Role;
+use super::refusal::{Failure, Refusal, RefusalLog, RefusalReason, Refusals, REFUSALS_KEPT};
+use crate::endpoint::Endpoint;
+use crate::error::{Error, OpKind, Result};
+use crate::runtime::Runtime;
+
+/// Peers whose handshake finished and that wait for `accept()`; past this, finished handshakes
+/// wait in their slots (and count against the cap).
+const READY_QUEUE: usize = 16;
+
+/// Accepts peers on a TCP address. Handshakes run behind it, concurrently; dropping it stops
+/// them (whatever they opened is closed) and drops peers not yet accepted.
+pub struct Listener {
+    addr: SocketAddr,
+    ready: tokio::sync::Mutex<mpsc::Receiver<Endpoint>>,
+    ended: Arc<Mutex<Option<Ended>>>,
+    refusals: broadcast::Sender<Refusal>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").field("addr", &self.addr).finish()
+    }
+}
+
+/// Why the acceptor stopped.
+#[derive(Debug, Clone)]
+enum Ended {
+    /// The socket failed in a way retrying cannot mend.
+    Io(std::io::ErrorKind, String),
+    /// The runtime shut down.
+    Shutdown,
+}
+
+impl Listener {
+    pub(super) async fn bind(rt: &Runtime, addr: impl tokio::net::ToSocketAddrs) -> Result<Listener> {
+        let io = |e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e };
+        let tcp = TcpListener::bind(addr).await.map_err(io)?;
+        let local = tcp.local_addr().map_err(io)?;
+        let (tx, rx) = mpsc::channel(READY_QUEUE);
+        let (refusals, _) = broadcast::channel(REFUSALS_KEPT);
+        let ended = Arc::new(Mutex::new(None));
+        let acceptor = Acceptor {
+            rt: rt.clone(),
+            tcp,
+            ready: tx,
+            refusals: refusals.clone(),
+            ended: ended.clone(),
+            cap: rt.max_handshakes(),
+            limit: rt.connect_timeout(),
+            log: RefusalLog::new(Instant::now()),
+        };
+        Ok(Listener {
+            addr: local,
+            ready: tokio::sync::Mutex::new(rx),
+            ended,
+            refusals,
+            acceptor: tokio::spawn(acceptor.run()),
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.addr)
+    }
+
+    /// The next peer whose handshake completed. Handshakes that fail are counted in
+    /// [`Stats::refused`](crate::Stats::refused) and reported on [`refusals`](Self::refusals),
+    /// never here: this errs only when the listener itself can no longer accept (its socket
+    /// failed, or the runtime shut down), and then on every later call too. Cancel-safe.
+    pub async fn accept(&self) -> Result<Endpoint> {
+        let next = self.ready.lock().await.recv().await;
+        match next {
+            Some(ep) => Ok(ep),
+            None => Err(self.ended()),
+        }
+    }
+
+    /// Refusals from now on, as they happen: who, why, and what exactly was wrong.
+    pub fn refusals(&self) -> Refusals {
+        Refusals::new(self.refusals.subscribe())
+    }
+
+    fn ended(&self) -> Error {
+        let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match ended {
+            Some(Ended::Shutdown) => Error::Shutdown { op: OpKind::Accept },
+            Some(Ended::Io(kind, why)) => Error::Io {
+                op: OpKind::Accept,
+                peer: self.addr.to_string(),
+                source: std::io::Error::new(kind, format!("the listener can no longer accept: {why}")),
+            },
+            None => Error::Io {
+                op: OpKind::Accept,
+                peer: self.addr.to_string(),
+                source: std::io::Error::other("the listener can no longer accept: its task ended"),
+            },
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+    }
+}
+
+/// A handshake in progress.
+struct Slot {
+    addr: SocketAddr,
+    /// Set once the peer's hello arrived whole: from then on it is not evicted.
+    hello: Arc<AtomicBool>,
+    abort: AbortHandle,
+}
+
+/// How a handshake task ended.
+enum Outcome {
+    /// Handed to `accept()` (or dropped with the listener).
+    Accepted,
+    Refused(SocketAddr, Failure),
+    /// The runtime shut down under it.
+    Shutdown,
+}
+
+/// What an accept error means for the listener.
+#[derive(Debug, PartialEq, Eq)]
+enum AcceptError {
+    /// One connection's trouble (reset before it was accepted, ...): go on.
+    Connection,
+    /// Out of descriptors or memory: wait a little, then go on.
+    Exhausted,
+    /// The socket itself is broken.
+    Fatal,
+}
+
+fn classify(e: &std::io::Error) -> AcceptError {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionAborted | K::ConnectionReset | K::ConnectionRefused | K::Interrupted | K::WouldBlock => {
+            return AcceptError::Connection
+        }
+        K::OutOfMemory => return AcceptError::Exhausted,
+        _ => {}
+    }
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => AcceptError::Exhausted,
+        // accept(2): errors already pending on the new socket are reported by accept itself
+        // and are to be treated like EAGAIN.
+        Some(
+            libc::ENETDOWN
+            | libc::EPROTO
+            | libc::ENOPROTOOPT
+            | libc::EHOSTDOWN
+            | libc::ENONET
+            | libc::EHOSTUNREACH
+            | libc::EOPNOTSUPP
+            | libc::ENETUNREACH
+            | libc::EPERM
+            | libc::ETIMEDOUT,
+        ) => AcceptError::Connection,
+        _ => AcceptError::Fatal,
+    }
+}
+
+struct Acceptor {
+    rt: Runtime,
+    tcp: TcpListener,
+    ready: mpsc::Sender<Endpoint>,
+    refusals: broadcast::Sender<Refusal>,
+    ended: Arc<Mutex<Option<Ended>>>,
+    cap: usize,
+    limit: Duration,
+    log: RefusalLog,
+}
+
+impl Acceptor {
+    async fn run(mut self) {
+        let mut tasks: JoinSet<(u64, Outcome)> = JoinSet::new();
+        // By arrival: the first entry is the oldest.
+        let mut slots: BTreeMap<u64, Slot> = BTreeMap::new();
+        let mut seq = 0u64;
+        let mut backoff = Duration::from_millis(5);
+        let why = loop {
+            tokio::select! {
+                r = self.tcp.accept() => match r {
+                    Ok((s, addr)) => {
+                        backoff = Duration::from_millis(5);
+                        if slots.len() >= self.cap && !self.make_room(&mut slots, addr) {
+                            drop(s);
+                            continue;
+                        }
+                        seq += 1;
+                        let hello = Arc::new(AtomicBool::new(false));
+                        let task = handshake(self.rt.clone(), s, addr, hello.clone(), self.ready.clone(), self.limit);
+                        let id = seq;
+                        let abort = tasks.spawn(async move { (id, task.await) });
+                        slots.insert(seq, Slot { addr, hello, abort });
+                    }
+                    Err(e) => match classify(&e) {
+                        AcceptError::Connection => {}
+                        AcceptError::Exhausted => {
+                            tracing::warn!(
+                                "listener on {:?}: {e}; accepting again in {} ms",
+                                self.tcp.local_addr().ok(),
+                                backoff.as_millis()
+                            );
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(1));
+                        }
+                        AcceptError::Fatal => break Ended::Io(e.kind(), e.to_string()),
+                    },
+                },
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    // An evicted task was aborted and its refusal already counted.
+                    let Ok((id, outcome)) = done else { continue };
+                    slots.remove(&id);
+                    match outcome {
+                        Outcome::Accepted => {}
+                        Outcome::Refused(addr, f) => self.refuse(addr, f),
+                        Outcome::Shutdown => break Ended::Shutdown,
+                    }
+                }
+            }
+        };
+        tracing::warn!("listener on {:?} stopped: {why:?}", self.tcp.local_addr().ok());
+        *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        // Dropping the tasks aborts the handshakes in progress; their guards close what they
+        // opened, and with the last sender gone `accept()` returns the reason.
+    }
+
+    /// At the cap: evict the oldest handshake still waiting for its hello, or refuse `addr`.
+    fn make_room(&mut self, slots: &mut BTreeMap<u64, Slot>, addr: SocketAddr) -> bool {
+        let cap = self.cap;
+        let stranger =
+            slots.iter().find(|(_, s)| !s.hello.load(std::sync::atomic::Ordering::Relaxed)).map(|(&k, _)| k);
+        match stranger {
+            Some(k) => {
+                let s = slots.remove(&k).expect("found");
+                s.abort.abort();
+                let why = format!(
+                    "evicted: {cap} handshakes were in progress and this one had sent no whole hello"
+                );
+                self.refuse(s.addr, Failure::new(RefusalReason::OverCap, why));
+                true
+            }
+            None => {
+                let why = format!("{cap} handshakes past their hello are in progress");
+                self.refuse(addr, Failure::new(RefusalReason::OverCap, why));
+                false
+            }
+        }
+    }
+
+    fn refuse(&mut self, addr: SocketAddr, f: Failure) {
+        self.rt.refusal_counters().add(f.reason);
+        let r = Refusal { addr, reason: f.reason, detail: f.detail };
+        self.log.log(&r);
+        // Nobody watching is fine.
+        let _ = self.refusals.send(r);
+    }
+}
+
+/// One incoming connection's handshake, bounded by `limit`; a finished one waits for room in
+/// the ready queue.
+async fn handshake(
+    rt: Runtime,
+    s: tokio::net::TcpStream,
+    addr: SocketAddr,
+    hello: Arc<AtomicBool>,
+    ready: mpsc::Sender<Endpoint>,
+    limit: Duration,
+) -> Outcome {
+    let r = tokio::time::timeout(limit, drive(&rt, s, addr, Role::Accept, 0, Some(&hello))).await;
+    match r {
+        Ok(Ok(ep)) => {
+            // A send fails only when the listener is gone, and the endpoint with it.
+            let _ = ready.send(ep).await;
+            Outcome::Accepted
+        }
+        Ok(Err(DriveError::Refused(f))) => Outcome::Refused(addr, f),
+        Ok(Err(DriveError::Runtime(Error::Shutdown { .. }))) => Outcome::Shutdown,
+        Ok(Err(DriveError::Runtime(e))) => {
+            Outcome::Refused(addr, Failure::new(RefusalReason::Setup, e.to_string()))
+        }
+        Err(_) => {
+            let why = format!("no complete handshake within {} ms", limit.as_millis());
+            Outcome::Refused(addr, Failure::new(RefusalReason::Timeout, why))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_errors_are_sorted_by_what_they_mean_for_the_listener() {
+        let os = std::io::Error::from_raw_os_error;
+        assert_eq!(classify(&os(libc::EMFILE)), AcceptError::Exhausted);
+        assert_eq!(classify(&os(libc::ENFILE)), AcceptError::Exhausted);
+        assert_eq!(classify(&os(libc::ECONNABORTED)), AcceptError::Connection);
+        assert_eq!(classify(&os(libc::EPROTO)), AcceptError::Connection);
+        assert_eq!(classify(&os(libc::EBADF)), AcceptError::Fatal);
+        assert_eq!(classify(&os(libc::EINVAL)), AcceptError::Fatal);
+    }
+}

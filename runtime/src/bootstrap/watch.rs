@@ -1,0 +1,99 @@
+//! The control connection after the handshake: it carries what the reactor has to tell the peer
+//! and heartbeats, and brings the peer's messages to the reactor; when it ends, the peer is lost.
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::control::Ctl;
+use crate::runtime::{Runtime, Slots};
+
+/// The control socket stays open for the endpoint's life: it carries what the reactor has to
+/// tell the peer (`outbox`) and heartbeats, and brings the peer's messages to the reactor. EOF,
+/// an error, silence or a malformed message means the peer is gone.
+pub(super) fn watch_peer(
+    rt: Runtime,
+    slots: Slots,
+    peer_id: u64,
+    s: TcpStream,
+    mut outbox: UnboundedReceiver<Ctl>,
+) -> tokio::task::JoinHandle<()> {
+    let weak = rt.downgrade();
+    let timeout = rt.peer_timeout();
+    drop(rt);
+    let (rd, mut wr) = s.into_split();
+    let mut rd = tokio::io::BufReader::new(rd);
+    tokio::spawn(async move {
+        // Both sides send a heartbeat a few times per timeout, so a peer whose host or network
+        // went away (no FIN, no RST) is noticed too.
+        let beat = timeout / 3;
+        // Wake-ups are one byte each, and each costs the reactor a command and a wake: only
+        // those an honest peer sends are handed on. It announces its sleep once per kick of
+        // ours, and kicks us once per announcement of ours; repeats are dropped.
+        let peer_asleep = AtomicBool::new(false);
+        let we_announced = AtomicBool::new(false);
+        let writer = async {
+            let mut open = true;
+            loop {
+                let next = async {
+                    match open {
+                        true => outbox.recv().await,
+                        false => std::future::pending().await,
+                    }
+                };
+                let msg = tokio::select! {
+                    _ = tokio::time::sleep(beat) => Some(Ctl::Heartbeat),
+                    m = next => m,
+                };
+                // The reactor dropped its sender (the peer was removed): heartbeats only.
+                let Some(msg) = msg else {
+                    open = false;
+                    continue;
+                };
+                // A peer that stops reading would otherwise stall this writer for good while
+                // its own heartbeats keep the reader content, and our messages pile up.
+                match tokio::time::timeout(timeout, wr.write_all(&msg.encode())).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return format!("control connection: {e}"),
+                    Err(_) => return format!("the peer read nothing for {} ms", timeout.as_millis()),
+                }
+                match msg {
+                    Ctl::Goodbye { reason } => return reason,
+                    Ctl::Kick => peer_asleep.store(false, Ordering::Relaxed),
+                    Ctl::Asleep => we_announced.store(true, Ordering::Relaxed),
+                    _ => {}
+                }
+            }
+        };
+        let reader = async {
+            loop {
+                match tokio::time::timeout(timeout, Ctl::read(&mut rd)).await {
+                    Err(_) => return format!("no heartbeat for {} ms", timeout.as_millis()),
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return "control connection closed".to_string()
+                    }
+                    Ok(Err(e)) => return format!("control connection: {e}"),
+                    Ok(Ok(Err(why))) => return format!("control protocol violated: {why}"),
+                    Ok(Ok(Ok(Ctl::Heartbeat))) => {}
+                    Ok(Ok(Ok(Ctl::Goodbye { reason }))) => {
+                        return format!("the peer gave up on us: {reason}")
+                    }
+                    Ok(Ok(Ok(Ctl::Asleep))) if peer_asleep.swap(true, Ordering::Relaxed) => {}
+                    Ok(Ok(Ok(Ctl::Kick))) if !we_announced.swap(false, Ordering::Relaxed) => {}
+                    Ok(Ok(Ok(msg))) => match weak.upgrade() {
+                        Some(rt) => rt.control(&slots, peer_id, msg),
+                        None => return "runtime gone".to_string(),
+                    },
+                }
+            }
+        };
+        let reason = tokio::select! {
+            r = writer => r,
+            r = reader => r,
+        };
+        if let Some(rt) = weak.upgrade() {
+            rt.peer_lost(&slots, reason);
+        }
+    })
+}
