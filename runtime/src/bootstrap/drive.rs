@@ -4,10 +4,10 @@
 //! evicting a stranger, a listener dropped), so no failed or abandoned handshake leaves lanes or
 //! a half-added peer behind.
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::handshake::{Handshake, Local, Next, Role};
@@ -30,6 +30,35 @@ pub(super) enum DriveError {
 impl From<Failure> for DriveError {
     fn from(f: Failure) -> Self {
         DriveError::Refused(f)
+    }
+}
+
+/// How far a handshake has come, as a listener choosing whom to evict sees it: a stranger that
+/// had its turn, found nothing to read and has sent no whole hello may go; one whose bytes are
+/// waiting to be read, or whose hello is in, stays.
+#[derive(Debug, Default)]
+pub(super) struct Progress(AtomicU8);
+
+impl Progress {
+    const BUSY: u8 = 0;
+    const IDLE: u8 = 1;
+    const HELLO: u8 = 2;
+
+    fn idle(&self) {
+        let _ = self.0.compare_exchange(Self::BUSY, Self::IDLE, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    fn busy(&self) {
+        let _ = self.0.compare_exchange(Self::IDLE, Self::BUSY, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    fn hello(&self) {
+        self.0.store(Self::HELLO, Ordering::Relaxed);
+    }
+
+    /// Waiting on an empty socket without a whole hello.
+    pub(super) fn evictable(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == Self::IDLE
     }
 }
 
@@ -81,15 +110,15 @@ fn io_failure(what: &str, e: std::io::Error) -> Failure {
     Failure::new(RefusalReason::Io, format!("{what}: {e}"))
 }
 
-/// Run one handshake on `s` as `role` (a connector asks for `lanes` lanes). `hello_seen` is set
-/// once the peer's hello has arrived whole.
+/// Run one handshake on `s` as `role` (a connector asks for `lanes` lanes), telling `progress`
+/// how far it got.
 pub(super) async fn drive(
     rt: &Runtime,
     mut s: TcpStream,
     addr: SocketAddr,
     role: Role,
     lanes: usize,
-    hello_seen: Option<&AtomicBool>,
+    progress: Option<&Progress>,
 ) -> Result<Endpoint, DriveError> {
     let peer = addr.to_string();
     let _ = s.set_nodelay(true);
@@ -112,15 +141,10 @@ pub(super) async fn drive(
         }
         match hs.next()? {
             Next::Read(max) => {
-                let n = match s.read(&mut buf[..max.min(MAX_NAME)]).await {
-                    Ok(n) => n,
-                    // A reset is the peer closing, as far as the handshake is concerned.
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
-                    Err(e) => return Err(io_failure("reading", e).into()),
-                };
+                let n = read(&s, &mut buf[..max.min(MAX_NAME)], progress).await?;
                 hs.received(&buf[..n]);
-                if let (Some(flag), true) = (hello_seen, hs.has_hello()) {
-                    flag.store(true, Ordering::Relaxed);
+                if let (Some(p), true) = (progress, hs.has_hello()) {
+                    p.hello();
                 }
             }
             Next::OpenLanes(n) => {
@@ -149,4 +173,23 @@ pub(super) async fn drive(
     let label = format!("{addr}#{:x}", them.id);
     let watch = watch_peer(rt.clone(), slots.clone(), them.id, s, outbox.expect("added before done"));
     Ok(Endpoint::new(rt.clone(), slots, them.rails as usize, them.id, label, Some(watch)))
+}
+
+/// Read what is there (0 at the end of the stream); while the socket is empty the handshake
+/// counts as idle.
+async fn read(s: &TcpStream, buf: &mut [u8], progress: Option<&Progress>) -> Result<usize, Failure> {
+    loop {
+        match s.try_read(buf) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                progress.map(Progress::idle);
+                s.readable().await.map_err(|e| io_failure("reading", e))?;
+                progress.map(Progress::busy);
+            }
+            // A reset is the peer closing, as far as the handshake is concerned.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(0),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_failure("reading", e)),
+        }
+    }
 }

@@ -4,13 +4,14 @@
 //! peers in the order their handshakes finished, so a slow or silent client delays no one; a
 //! failed handshake is counted, logged and reported to whoever watches, never returned.
 //!
-//! At the cap, a new connection takes the place of the oldest one that has not yet sent a
-//! whole hello (a stranger holding a slot open costs it nothing to lose); only when every slot
-//! holds a peer past its hello is the newcomer refused. Both count as
-//! [`RefusalReason::OverCap`].
+//! At the cap, a new connection takes the place of the oldest stranger: a connection that had
+//! its turn, found nothing to read and has sent no whole hello (holding a slot open costs it
+//! nothing to lose). A connection whose bytes wait to be read, or whose hello is in, is never
+//! evicted; when no slot holds a stranger, the newcomer is refused. Both count as
+//! [`RefusalReason::OverCap`]. The socket listens with a backlog of [`BACKLOG`], so a burst of
+//! connections waits in the kernel instead of being half-opened and lost.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::{AbortHandle, JoinSet};
 
-use super::drive::{drive, DriveError};
+use super::drive::{drive, DriveError, Progress};
 use super::handshake::Role;
 use super::refusal::{Failure, Refusal, RefusalLog, RefusalReason, Refusals, REFUSALS_KEPT};
 use crate::endpoint::Endpoint;
@@ -28,6 +29,11 @@ use crate::runtime::Runtime;
 /// Peers whose handshake finished and that wait for `accept()`; past this, finished handshakes
 /// wait in their slots (and count against the cap).
 const READY_QUEUE: usize = 16;
+
+/// The listen backlog (the kernel caps it at `net.core.somaxconn`). With the usual 128, a burst
+/// overflows the accept queue and, with SYN cookies, connections the client thinks open are
+/// never seen by the server.
+pub const BACKLOG: u32 = 4096;
 
 /// Accepts peers on a TCP address. Handshakes run behind it, concurrently; dropping it stops
 /// them (whatever they opened is closed) and drops peers not yet accepted.
@@ -57,7 +63,7 @@ enum Ended {
 impl Listener {
     pub(super) async fn bind(rt: &Runtime, addr: impl tokio::net::ToSocketAddrs) -> Result<Listener> {
         let io = |e| Error::Io { op: OpKind::Accept, peer: "-".into(), source: e };
-        let tcp = TcpListener::bind(addr).await.map_err(io)?;
+        let tcp = bind(addr).await.map_err(io)?;
         let local = tcp.local_addr().map_err(io)?;
         let (tx, rx) = mpsc::channel(READY_QUEUE);
         let (refusals, _) = broadcast::channel(REFUSALS_KEPT);
@@ -121,6 +127,23 @@ impl Listener {
     }
 }
 
+/// Bind the first address that binds, with SO_REUSEADDR as tokio's own bind sets it, and
+/// listen with [`BACKLOG`].
+async fn bind(addr: impl tokio::net::ToSocketAddrs) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket =
+            if a.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(BACKLOG)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address to listen on")))
+}
+
 impl Drop for Listener {
     fn drop(&mut self) {
         self.acceptor.abort();
@@ -130,8 +153,7 @@ impl Drop for Listener {
 /// A handshake in progress.
 struct Slot {
     addr: SocketAddr,
-    /// Set once the peer's hello arrived whole: from then on it is not evicted.
-    hello: Arc<AtomicBool>,
+    progress: Arc<Progress>,
     abort: AbortHandle,
 }
 
@@ -207,16 +229,23 @@ impl Acceptor {
                 r = self.tcp.accept() => match r {
                     Ok((s, addr)) => {
                         backoff = Duration::from_millis(5);
-                        if slots.len() >= self.cap && !self.make_room(&mut slots, addr) {
-                            drop(s);
-                            continue;
+                        if slots.len() >= self.cap && !self.evict(&mut slots) {
+                            // Handshakes not yet run cannot tell a stranger from a peer: give
+                            // them a turn before refusing the newcomer.
+                            tokio::task::yield_now().await;
+                            if !self.evict(&mut slots) {
+                                let why = format!("{} handshakes are in progress and none is an idle stranger", self.cap);
+                                self.refuse(addr, Failure::new(RefusalReason::OverCap, why));
+                                drop(s);
+                                continue;
+                            }
                         }
                         seq += 1;
-                        let hello = Arc::new(AtomicBool::new(false));
-                        let task = handshake(self.rt.clone(), s, addr, hello.clone(), self.ready.clone(), self.limit);
+                        let progress = Arc::new(Progress::default());
+                        let task = handshake(self.rt.clone(), s, addr, progress.clone(), self.ready.clone(), self.limit);
                         let id = seq;
                         let abort = tasks.spawn(async move { (id, task.await) });
-                        slots.insert(seq, Slot { addr, hello, abort });
+                        slots.insert(seq, Slot { addr, progress, abort });
                     }
                     Err(e) => match classify(&e) {
                         AcceptError::Connection => {}
@@ -250,27 +279,19 @@ impl Acceptor {
         // opened, and with the last sender gone `accept()` returns the reason.
     }
 
-    /// At the cap: evict the oldest handshake still waiting for its hello, or refuse `addr`.
-    fn make_room(&mut self, slots: &mut BTreeMap<u64, Slot>, addr: SocketAddr) -> bool {
-        let cap = self.cap;
-        let stranger =
-            slots.iter().find(|(_, s)| !s.hello.load(std::sync::atomic::Ordering::Relaxed)).map(|(&k, _)| k);
-        match stranger {
-            Some(k) => {
-                let s = slots.remove(&k).expect("found");
-                s.abort.abort();
-                let why = format!(
-                    "evicted: {cap} handshakes were in progress and this one had sent no whole hello"
-                );
-                self.refuse(s.addr, Failure::new(RefusalReason::OverCap, why));
-                true
-            }
-            None => {
-                let why = format!("{cap} handshakes past their hello are in progress");
-                self.refuse(addr, Failure::new(RefusalReason::OverCap, why));
-                false
-            }
-        }
+    /// At the cap: evict the oldest stranger, if there is one.
+    fn evict(&mut self, slots: &mut BTreeMap<u64, Slot>) -> bool {
+        let Some(k) = slots.iter().find(|(_, s)| s.progress.evictable()).map(|(&k, _)| k) else {
+            return false;
+        };
+        let s = slots.remove(&k).expect("found");
+        s.abort.abort();
+        let why = format!(
+            "evicted: {} handshakes were in progress and this one was idle without a whole hello",
+            self.cap
+        );
+        self.refuse(s.addr, Failure::new(RefusalReason::OverCap, why));
+        true
     }
 
     fn refuse(&mut self, addr: SocketAddr, f: Failure) {
@@ -288,11 +309,11 @@ async fn handshake(
     rt: Runtime,
     s: tokio::net::TcpStream,
     addr: SocketAddr,
-    hello: Arc<AtomicBool>,
+    progress: Arc<Progress>,
     ready: mpsc::Sender<Endpoint>,
     limit: Duration,
 ) -> Outcome {
-    let r = tokio::time::timeout(limit, drive(&rt, s, addr, Role::Accept, 0, Some(&hello))).await;
+    let r = tokio::time::timeout(limit, drive(&rt, s, addr, Role::Accept, 0, Some(&progress))).await;
     match r {
         Ok(Ok(ep)) => {
             // A send fails only when the listener is gone, and the endpoint with it.

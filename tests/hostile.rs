@@ -1,0 +1,325 @@
+//! A server keeps serving whatever arrives on its port. A server process (`src/bin/server.rs`)
+//! listens with a shared secret while a real client connects again and again and checks the
+//! bytes it writes; meanwhile hostile connections arrive: empty, zeros, random bytes, a valid
+//! prefix then garbage, an oversized length, the wrong version, the wrong secret, no secret, a
+//! silent socket held open, a hello sent one byte per second, and 1,000 connections opened at
+//! once. Every real connect completes within the bound (1 s; `RDMALANE_TEST_CONNECT_BOUND_MS`
+//! under emulation), every refusal is counted by its reason, and the server's threads and memory
+//! return to their level after the flood.
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use rdmalane::{Error, RefusalReason, Runtime};
+use rdmalane_conformance::{bounded, builder, cmd, encode_cmd, hash, pattern, providers};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+const SECRET: &str = "hostile-test secret";
+/// The server's handshake limit: silent sockets are refused after it.
+const HANDSHAKE_MS: u64 = 2000;
+/// Connections of the flood.
+const FLOOD: usize = 1000;
+
+fn connect_bound() -> Duration {
+    let ms =
+        std::env::var("RDMALANE_TEST_CONNECT_BOUND_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    Duration::from_millis(ms)
+}
+
+/// The server process, killed when dropped; its refusals arrive on `refused`.
+struct Server {
+    child: Child,
+    addr: String,
+    refused: mpsc::Receiver<(String, u64)>,
+    /// Refusals seen so far, by reason name.
+    seen: HashMap<String, u64>,
+}
+
+impl Server {
+    fn spawn(provider: &str) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_server"))
+            .args([provider, SECRET, &HANDSHAKE_MS.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn server");
+        let mut out = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("server output");
+        let addr = line
+            .trim()
+            .strip_prefix("LISTENING ")
+            .unwrap_or_else(|| panic!("server said {line:?}"))
+            .to_string();
+        let (tx, refused) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { return };
+                let mut f = line.split_whitespace();
+                if let (Some("REFUSED"), Some(reason), Some(n)) = (f.next(), f.next(), f.next()) {
+                    let _ = tx.send((reason.to_string(), n.parse().expect("a count")));
+                }
+            }
+        });
+        Server { child, addr, refused, seen: HashMap::new() }
+    }
+
+    /// Wait until `n` more refusals have come, checking that the server's own count for each
+    /// reason is the number of refusals of it reported; returns them by reason.
+    fn refusals(&mut self, n: usize, within: Duration) -> HashMap<String, u64> {
+        let deadline = Instant::now() + within;
+        let mut got = HashMap::new();
+        for i in 0..n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (reason, count) = self
+                .refused
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("{i} of {n} refusals within {within:?}: {got:?}"));
+            let seen = self.seen.entry(reason.clone()).or_default();
+            *seen += 1;
+            // The count printed is read after the refusal was counted, so it may already
+            // include later ones, never fewer.
+            assert!(count >= *seen, "{reason}: the server counts {count}, it reported {seen}");
+            *got.entry(reason).or_default() += 1;
+        }
+        got
+    }
+
+    /// (threads, resident KiB, open descriptors) of the server process.
+    fn usage(&self) -> (u64, u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} in /proc status"))
+        };
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).expect("fds").count() as u64;
+        (field("Threads:"), field("VmRSS:"), fds)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the real client saw.
+#[derive(Default)]
+struct Real {
+    connects: AtomicU64,
+    rounds: AtomicU64,
+    /// The slowest connect, in microseconds.
+    slowest_us: AtomicU64,
+}
+
+/// Connect, write and check bytes a few times, hang up; again until `stop`. Panics (failing
+/// the test) if a connect takes longer than the bound or a byte is wrong.
+async fn real_client(rt: Runtime, addr: String, stop: Arc<AtomicBool>, real: Arc<Real>) {
+    let bound = connect_bound();
+    let mut seed = 1u64;
+    while !stop.load(Ordering::Relaxed) {
+        let start = Instant::now();
+        let ep = match tokio::time::timeout(bound, rt.connect(addr.clone())).await {
+            Ok(r) => r.unwrap_or_else(|e| panic!("the real client's connect failed: {e}")),
+            Err(_) => panic!("the real client's connect took over {bound:?}"),
+        };
+        let took = start.elapsed();
+        real.slowest_us.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+        real.connects.fetch_add(1, Ordering::Relaxed);
+        let remote = ep.recv_descriptor().await.expect("descriptor");
+        for _ in 0..3 {
+            seed += 1;
+            let len = 4096 + (seed as usize * 7919) % (60 << 10);
+            let want = pattern(len, seed);
+            let mut buf = rt.alloc(len).expect("alloc");
+            buf.copy_from_slice(&want);
+            let (r, _) = ep.write_remote(buf, &remote.slice(..len as u64).expect("slice")).await;
+            r.expect("write");
+            let mut m = rt.alloc(24).expect("alloc");
+            m.copy_from_slice(&encode_cmd(cmd::HASH, len as u64, 0));
+            let reply = ep.recv(rt.alloc(8).expect("alloc")).start();
+            ep.send(m).await.0.expect("send");
+            let (n, got) = reply.await;
+            assert_eq!(n.expect("reply"), 8);
+            assert_eq!(u64::from_le_bytes(got[..8].try_into().unwrap()), hash(&want), "bytes at the server");
+            real.rounds.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut m = rt.alloc(24).expect("alloc");
+        m.copy_from_slice(&encode_cmd(cmd::EXIT, 0, 0));
+        ep.send(m).await.0.expect("send exit");
+    }
+}
+
+/// A hello for `provider` up to (and without) its lane addresses.
+fn hello_head(provider: &str, version: u16) -> Vec<u8> {
+    let mut v = b"RDLN".to_vec();
+    v.extend_from_slice(&version.to_le_bytes());
+    v.extend_from_slice(&0xbad_c0ffeeu64.to_le_bytes());
+    v.extend_from_slice(&[9u8; 32]);
+    v.push(1); // requires a secret
+    v.push(1); // one rail
+    v.extend_from_slice(&(provider.len() as u16).to_le_bytes());
+    v.extend_from_slice(provider.as_bytes());
+    v
+}
+
+async fn send_and_close(addr: &str, bytes: Vec<u8>) {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let _ = s.write_all(&bytes).await;
+}
+
+#[test]
+fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
+    // The flood holds 1,000 sockets in this process.
+    let _ = rlimit::increase_nofile_limit(8192);
+    for p in providers() {
+        bounded(240, async {
+            let mut srv = Server::spawn(p);
+            let provider = builder(p).build().expect("runtime").provider().to_string();
+            let real_rt = builder(p).secret(SECRET).build().expect("runtime");
+            let stop = Arc::new(AtomicBool::new(false));
+            let real = Arc::new(Real::default());
+            let client = tokio::spawn(real_client(real_rt, srv.addr.clone(), stop.clone(), real.clone()));
+            let addr = srv.addr.clone();
+            let wait_rounds = |n: u64| {
+                let real = real.clone();
+                async move {
+                    let target = real.rounds.load(Ordering::Relaxed) + n;
+                    while real.rounds.load(Ordering::Relaxed) < target {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            };
+            wait_rounds(3).await;
+            eprintln!(
+                "{p}: start: {:?} after {} connects",
+                srv.usage(),
+                real.connects.load(Ordering::Relaxed)
+            );
+
+            // 1. Strangers that give themselves away at once, and peers that are refused.
+            let mut random = pattern(256, 77);
+            random[0] = b'X';
+            let mut prefix_garbage = hello_head(&provider, rdmalane::PROTOCOL_VERSION)[..46].to_vec();
+            prefix_garbage.extend_from_slice(&[0xee; 64]); // flags 0xee
+            let mut oversized = hello_head(&provider, rdmalane::PROTOCOL_VERSION)[..48].to_vec();
+            oversized.extend_from_slice(&u16::MAX.to_le_bytes()); // a provider of 64 KiB
+            oversized.extend_from_slice(&[b'x'; 512]);
+            let wrong = builder(p).secret("not the secret").build().expect("runtime");
+            let none = builder(p).build().expect("runtime");
+            let (.., w, n) = tokio::join!(
+                send_and_close(&addr, Vec::new()),
+                send_and_close(&addr, vec![0; 64]),
+                send_and_close(&addr, random),
+                send_and_close(&addr, prefix_garbage),
+                send_and_close(&addr, oversized),
+                send_and_close(&addr, hello_head(&provider, rdmalane::PROTOCOL_VERSION - 1)),
+                wrong.connect(addr.clone()),
+                none.connect(addr.clone()),
+            );
+            assert!(matches!(w, Err(Error::Handshake { why: RefusalReason::WrongSecret, .. })), "{w:?}");
+            assert!(matches!(n, Err(Error::Handshake { .. })), "{n:?}");
+            let got = srv.refusals(8, Duration::from_secs(30));
+            let expect = [
+                ("closed", 1),
+                ("bad_hello", 4),
+                ("wrong_version", 1),
+                ("wrong_secret", 1),
+                ("missing_secret", 1),
+            ];
+            assert_eq!(got, expect.iter().map(|&(r, n)| (r.to_string(), n)).collect(), "phase 1");
+            wait_rounds(3).await;
+            eprintln!(
+                "{p}: phase 1: {:?} after {} connects",
+                srv.usage(),
+                real.connects.load(Ordering::Relaxed)
+            );
+
+            // 2. A silent socket and a hello one byte per second: the handshake limit ends both.
+            let silent = TcpStream::connect(&addr).await.expect("connect");
+            let slow = tokio::spawn({
+                let addr = addr.clone();
+                let hello = hello_head(&provider, rdmalane::PROTOCOL_VERSION);
+                async move {
+                    let mut s = TcpStream::connect(&addr).await.expect("connect");
+                    for b in hello {
+                        if s.write_all(&[b]).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            });
+            wait_rounds(3).await;
+            let got = srv.refusals(2, Duration::from_secs(30));
+            assert_eq!(got, [("timeout".to_string(), 2)].into_iter().collect(), "phase 2");
+            slow.abort();
+            drop(silent);
+            wait_rounds(3).await;
+
+            // 3. A thousand connections at once, held open: at the cap the oldest stranger makes
+            // room for the newcomer, so the real client still gets in.
+            eprintln!(
+                "{p}: phase 2: {:?} after {} connects",
+                srv.usage(),
+                real.connects.load(Ordering::Relaxed)
+            );
+            let before = srv.usage();
+            let connects = real.connects.load(Ordering::Relaxed);
+            let flood: Vec<TcpStream> =
+                futures::future::join_all((0..FLOOD).map(|_| TcpStream::connect(&addr)))
+                    .await
+                    .into_iter()
+                    .map(|s| s.expect("flood connect"))
+                    .collect();
+            let start = Instant::now();
+            while real.connects.load(Ordering::Relaxed) < connects + 3 {
+                assert!(start.elapsed() < 4 * connect_bound(), "the real client stalled behind the flood");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let during = srv.usage();
+            let got = srv.refusals(FLOOD, Duration::from_secs(60));
+            drop(flood);
+            let over_cap = got.get("over_cap").copied().unwrap_or(0);
+            let timeout = got.get("timeout").copied().unwrap_or(0);
+            assert_eq!(over_cap + timeout, FLOOD as u64, "phase 3: {got:?}");
+            assert!(over_cap >= (FLOOD - 256) as u64, "phase 3: {got:?}");
+            wait_rounds(3).await;
+            stop.store(true, Ordering::Relaxed);
+            client.await.expect("the real client");
+            // Back to its level: the server's threads exactly, its memory within a few MiB.
+            let settle = Instant::now();
+            let after = loop {
+                let now = srv.usage();
+                if (now.0 <= before.0 && now.1 <= before.1 + 8192)
+                    || settle.elapsed() > Duration::from_secs(10)
+                {
+                    break now;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            eprintln!(
+                "{p}: {} connects, slowest {} us; {} rounds checked; server threads/RSS KiB/fds before {before:?}, during {during:?}, after {after:?}",
+                real.connects.load(Ordering::Relaxed),
+                real.slowest_us.load(Ordering::Relaxed),
+                real.rounds.load(Ordering::Relaxed)
+            );
+            assert_eq!(after.0, before.0, "server threads after the flood");
+            assert!(
+                after.1 <= before.1 + 8192,
+                "server RSS {} KiB after the flood, {} before",
+                after.1,
+                before.1
+            );
+            assert!(real.slowest_us.load(Ordering::Relaxed) < connect_bound().as_micros() as u64);
+        });
+    }
+}
