@@ -80,13 +80,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ep.send_descriptor(&desc).await?;
             eps.push((ep, done));
         }
-        // Keep each endpoint until its client says it is done, then let the client go.
+        // Keep each endpoint until its client says it is done, then let the client go. A
+        // client that fails or vanishes is logged; the others are still served.
         for (ep, done) in eps {
-            done.await.0?;
-            ep.send(srv.alloc(1)?).await.0?;
+            let bye = async {
+                done.await.0?;
+                ep.send(srv.alloc(1)?).await.0
+            };
+            if let Err(e) = bye.await {
+                eprintln!("block_store: a client failed: {e}");
+            }
         }
         Ok::<(), rdmalane::Error>(())
     });
+    // A stranger sends garbage: it is refused and counted while the clients are served.
+    let mut stranger = tokio::net::TcpStream::connect(addr).await?;
+    tokio::io::AsyncWriteExt::write_all(&mut stranger, b"GET / HTTP/1.1\r\n\r\n").await?;
 
     let mut runs = Vec::new();
     for c in 0..a.clients {
@@ -138,11 +147,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let got = check(&bytes[i * a.block..(i + 1) * a.block]);
         assert_eq!(got, Some((i as u64, a.versions)), "block {i} at the server");
     }
+    let refused = server.stats().refused;
+    assert_eq!(refused.bad_hello, 1, "the stranger's refusal: {refused:?}");
     println!(
-        "{writes} block writes and {reads} block reads by {} clients over {}; all {} blocks consistent",
+        "{writes} block writes and {reads} block reads by {} clients over {}; all {} blocks consistent; {} stranger refused",
         a.clients,
         server.provider(),
-        a.blocks * a.clients
+        a.blocks * a.clients,
+        refused.total()
     );
     Ok(())
 }

@@ -65,11 +65,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Ok::<(), rdmalane::Error>(())
             }));
         }
+        // A client that fails is that client's problem: the server goes on with the others.
         for t in tasks {
-            t.await.expect("server task")?;
+            if let Err(e) = t.await.expect("server task") {
+                eprintln!("rpc_echo: a client failed: {e}");
+            }
         }
         Ok::<(), rdmalane::Error>(())
     });
+    // A stranger (a port scan, a health probe) connects and hangs up: it is refused and
+    // counted, and no one waits for it.
+    drop(tokio::net::TcpStream::connect(addr).await?);
 
     // The clients: one runtime (one reactor), a connection and a task per client.
     let client_rt = open()?;
@@ -110,6 +116,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let q = |p: f64| all[((all.len() - 1) as f64 * p) as usize];
     println!("{:>8} {:>10} {:>10.1} {:>10.1} {:>10.1}", "all", all.len(), q(0.5), q(0.99), q(1.0));
     serving.await??;
-    println!("{} round trips of {} B over {}, every reply checked", all.len(), args.size, server.provider());
+    let refused = server.stats().refused;
+    assert_eq!(refused.closed, 1, "the stranger's refusal: {refused:?}");
+    println!(
+        "{} round trips of {} B over {}, every reply checked; {} stranger refused",
+        all.len(),
+        args.size,
+        server.provider(),
+        refused.total()
+    );
     Ok(())
 }

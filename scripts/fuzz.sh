@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzz the decoders a peer's bytes reach (cargo fuzz, libFuzzer with AddressSanitizer): the
-# handshake hello, descriptors, verbs lane addresses, control-connection messages. Each target
+# handshake hello and the whole handshake state machine, descriptors, verbs lane addresses,
+# control-connection messages. Each target
 # runs RDMALANE_FUZZ_SECS (default 30) from the seeds in fuzz/seeds/, with memory and time limits
 # per input: a crash, a leak, an input taking over 5 s or an allocation over 64 MiB fails the run.
 #   scripts/fuzz.sh [TARGET ...]
@@ -12,7 +13,7 @@ secs=${RDMALANE_FUZZ_SECS:-30}
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install --locked -q cargo-fuzz
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(hello descriptor lane_address control)
+[ ${#targets[@]} -gt 0 ] || targets=(hello handshake descriptor lane_address control)
 cd fuzz
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"

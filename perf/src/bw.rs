@@ -6,7 +6,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::transport::{Access, Completion, PostError, WrKind};
 
 use crate::cli::{Common, Engine};
-use crate::conn::{with_server, BoxErr, CpuMeter, RawConn, RtConn};
+use crate::conn::{serve_each, with_server, BoxErr, CpuMeter, RawConn, RtConn};
 use crate::report::{print, Progress, Val};
 
 struct Outcome {
@@ -39,11 +39,17 @@ fn run_one(a: &Common) -> Result<f64, BoxErr> {
         return Err("--window and --size must be at least 1".into());
     }
     if a.server {
-        let cpu = match a.engine {
-            Engine::Runtime => rt_server(&mut RtConn::server(a)?, a)?,
-            Engine::Raw => raw_server(&mut RawConn::server(a)?, a)?,
-        };
-        println!("SERVER_CPU {cpu:.2}");
+        let report = |cpu: f64| println!("SERVER_CPU {cpu:.2}");
+        match a.engine {
+            Engine::Runtime => {
+                let srv = RtConn::server(a)?;
+                serve_each(a, || srv.accept(), |mut c| Ok(report(rt_server(&mut c, a)?)))?
+            }
+            Engine::Raw => {
+                let l = RawConn::listen(a)?;
+                serve_each(a, || RawConn::accept(&l, a), |mut c| Ok(report(raw_server(&mut c, a)?)))?
+            }
+        }
         return Ok(0.0);
     }
     let (o, server_cpu) = with_server("bw", a, |addr| match a.engine {

@@ -141,9 +141,13 @@ pub struct Common {
     /// bw: run these sizes (comma-separated) instead of --size, one line each.
     #[arg(long, value_delimiter = ',')]
     pub sizes: Vec<usize>,
-    /// Be the server side only.
+    /// Be the server side only: serve client after client until stopped (a client that fails
+    /// is logged and the next one served).
     #[arg(long)]
     pub server: bool,
+    /// With --server: serve one client, then exit (its failure is the exit status).
+    #[arg(long)]
+    pub once: bool,
     /// Address the server listens on (with --server).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: String,

@@ -3,10 +3,11 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rdmalane::transport::PeerAddr;
-use rdmalane::{Driver, Endpoint, Runtime};
+use rdmalane::{Driver, Endpoint, Listener, Runtime};
 use rdmalane_efa::raw::RawEngine;
 
 use crate::cli::{Common, DriverArg, Engine, LatOp};
@@ -35,6 +36,7 @@ impl ServerChild {
             .args([
                 mode,
                 "--server",
+                "--once",
                 "--listen",
                 "127.0.0.1:0",
                 "--provider",
@@ -119,9 +121,67 @@ pub fn control_plane() -> Result<tokio::runtime::Runtime, BoxErr> {
 /// The runtime engine's connection.
 pub struct RtConn {
     /// Runs the control-plane tasks (peer liveness) for the connection's life.
-    pub _tokio: tokio::runtime::Runtime,
+    pub _tokio: Arc<tokio::runtime::Runtime>,
     pub rt: Runtime,
     pub ep: Endpoint,
+}
+
+/// Serve client after client: `accept` waits for the next one (its error, the listener's, ends
+/// the server), `run` serves it (its error is logged and the next client served; with `--once`
+/// the first client is the only one, and its error is the server's).
+pub fn serve_each<T>(
+    a: &Common,
+    mut accept: impl FnMut() -> Result<T, BoxErr>,
+    mut run: impl FnMut(T) -> Result<(), BoxErr>,
+) -> Result<(), BoxErr> {
+    loop {
+        let client = accept()?;
+        match run(client) {
+            Err(e) if !a.once => eprintln!("rdmalane-perf: a client failed: {e}; serving the next"),
+            r => r?,
+        }
+        if a.once {
+            return Ok(());
+        }
+    }
+}
+
+/// The runtime engine's server: one listener that outlives its clients.
+pub struct RtServer {
+    tokio: Arc<tokio::runtime::Runtime>,
+    pub rt: Runtime,
+    listener: Listener,
+}
+
+impl RtServer {
+    /// Listen on `a.listen` and say where (`LISTENING ADDR` on stdout).
+    pub fn bind(rt: Runtime, a: &Common) -> Result<RtServer, BoxErr> {
+        let tokio = Arc::new(tokio_rt()?);
+        let listener = tokio.block_on(async {
+            let l = rt.listen(&a.listen).await?;
+            println!("LISTENING {}", l.local_addr()?);
+            std::io::stdout().flush()?;
+            Ok::<_, BoxErr>(l)
+        })?;
+        Ok(RtServer { tokio, rt, listener })
+    }
+
+    /// The next client's connection.
+    pub fn accept(&self) -> Result<RtConn, BoxErr> {
+        let ep = self.tokio.block_on(self.listener.accept())?;
+        Ok(RtConn { _tokio: self.tokio.clone(), rt: self.rt.clone(), ep })
+    }
+
+    /// The next `n` connections (one client's, for modes that open several).
+    pub fn accept_n(&self, n: usize) -> Result<Vec<Endpoint>, BoxErr> {
+        self.tokio.block_on(async {
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                v.push(self.listener.accept().await?);
+            }
+            Ok(v)
+        })
+    }
 }
 
 fn tokio_rt() -> Result<tokio::runtime::Runtime, BoxErr> {
@@ -158,20 +218,9 @@ pub fn build_rt_with(
 }
 
 impl RtConn {
-    pub fn server(a: &Common) -> Result<RtConn, BoxErr> {
-        Self::server_on(build_rt(a)?, a)
-    }
-
-    /// The server side on a runtime built by the caller.
-    pub fn server_on(rt: Runtime, a: &Common) -> Result<RtConn, BoxErr> {
-        let tokio = tokio_rt()?;
-        let ep = tokio.block_on(async {
-            let l = rt.listen(&a.listen).await?;
-            println!("LISTENING {}", l.local_addr()?);
-            std::io::stdout().flush()?;
-            Ok::<_, BoxErr>(l.accept().await?)
-        })?;
-        Ok(RtConn { _tokio: tokio, rt, ep })
+    /// The server on the runtime `a` describes.
+    pub fn server(a: &Common) -> Result<RtServer, BoxErr> {
+        RtServer::bind(build_rt(a)?, a)
     }
 
     pub fn client(a: &Common, addr: &str) -> Result<RtConn, BoxErr> {
@@ -182,7 +231,7 @@ impl RtConn {
     pub fn client_on(rt: Runtime, addr: &str) -> Result<RtConn, BoxErr> {
         let tokio = tokio_rt()?;
         let ep = tokio.block_on(rt.connect(addr.to_string()))?;
-        Ok(RtConn { _tokio: tokio, rt, ep })
+        Ok(RtConn { _tokio: Arc::new(tokio), rt, ep })
     }
 }
 
@@ -196,6 +245,9 @@ pub struct RawConn {
     /// in the same poll as the send before it).
     pub early: Vec<u64>,
 }
+
+/// How long the raw engine's setup exchange may take.
+const SETUP_LIMIT: Duration = Duration::from_secs(5);
 
 fn exchange(ctl: &mut TcpStream, mine: &[u8]) -> Result<Vec<u8>, BoxErr> {
     ctl.write_all(&(mine.len() as u32).to_le_bytes())?;
@@ -228,13 +280,33 @@ impl RawConn {
         Ok(RawConn { eng, peer, ctl, early: Vec::new() })
     }
 
-    pub fn server(a: &Common) -> Result<RawConn, BoxErr> {
-        let eng = raw_engine(a)?;
+    /// Listen on `a.listen` and say where (`LISTENING ADDR` on stdout).
+    pub fn listen(a: &Common) -> Result<TcpListener, BoxErr> {
         let l = TcpListener::bind(&a.listen)?;
         println!("LISTENING {}", l.local_addr()?);
         std::io::stdout().flush()?;
-        let (ctl, _) = l.accept()?;
-        Self::finish(eng, ctl)
+        Ok(l)
+    }
+
+    /// The next client that completes the setup exchange, on an engine of its own: a client
+    /// that sends nothing, or garbage, is dropped after the setup limit and the next one taken.
+    pub fn accept(l: &TcpListener, a: &Common) -> Result<RawConn, BoxErr> {
+        loop {
+            let (ctl, from) = l.accept()?;
+            let setup = || {
+                ctl.set_read_timeout(Some(SETUP_LIMIT))?;
+                let c = Self::finish(raw_engine(a)?, ctl.try_clone()?)?;
+                c.ctl.set_read_timeout(None)?;
+                Ok::<_, BoxErr>(c)
+            };
+            match setup() {
+                Ok(c) => return Ok(c),
+                Err(e) if a.once => return Err(e),
+                Err(e) => {
+                    eprintln!("rdmalane-perf: setup with {from} failed: {e}; waiting for the next client")
+                }
+            }
+        }
     }
 
     pub fn client(a: &Common, addr: &str) -> Result<RawConn, BoxErr> {

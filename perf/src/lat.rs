@@ -8,19 +8,43 @@ use rdmalane::{Endpoint, Runtime};
 use rdmalane_wake::Cycles;
 
 use crate::cli::{Common, Engine, LatOp};
-use crate::conn::{with_server, BoxErr, CpuMeter, RawConn, RtConn};
+use crate::conn::{serve_each, with_server, BoxErr, CpuMeter, RawConn, RtConn};
 use crate::report::{print, Progress, Val};
 
 pub fn run(a: &Common) -> Result<(), BoxErr> {
     if a.server {
-        let cpu = CpuMeter::start();
-        match a.engine {
-            Engine::Runtime => rt_side(&mut RtConn::server(a)?, a, false, None)?,
-            Engine::Raw => raw_side(&mut RawConn::server(a)?, a, false, None)?,
-        }
-        println!("SERVER_CPU {:.2}", cpu.pct());
-        report_probe("server", a);
-        return Ok(());
+        let done = |cpu: CpuMeter| {
+            println!("SERVER_CPU {:.2}", cpu.pct());
+            report_probe("server", a);
+        };
+        return match a.engine {
+            Engine::Runtime => {
+                let srv = RtConn::server(a)?;
+                serve_each(
+                    a,
+                    || srv.accept(),
+                    |mut c| {
+                        let cpu = CpuMeter::start();
+                        rt_side(&mut c, a, false, None)?;
+                        done(cpu);
+                        Ok(())
+                    },
+                )
+            }
+            Engine::Raw => {
+                let l = RawConn::listen(a)?;
+                serve_each(
+                    a,
+                    || RawConn::accept(&l, a),
+                    |mut c| {
+                        let cpu = CpuMeter::start();
+                        raw_side(&mut c, a, false, None)?;
+                        done(cpu);
+                        Ok(())
+                    },
+                )
+            }
+        };
     }
     let mut hist = Histogram::<u64>::new(3)?;
     let (provider, server_cpu) = with_server("lat", a, |addr| match a.engine {

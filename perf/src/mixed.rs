@@ -2,7 +2,6 @@
 //! 1 MiB writes (8 in flight) alone, then both at once. With `--scheduler fifo` the ping waits
 //! behind the writes; with `fair` it should not, while the stream keeps its throughput.
 use std::cell::Cell;
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -11,7 +10,7 @@ use rdmalane::sched::{Mode, SchedConfig};
 use rdmalane::{Access, Endpoint, RemoteBuf, Runtime};
 
 use crate::cli::{Mixed, Sched};
-use crate::conn::{build_rt_with, control_plane, BoxErr, CpuMeter, ServerChild};
+use crate::conn::{build_rt_with, control_plane, serve_each, BoxErr, CpuMeter, RtServer, ServerChild};
 use crate::lat::pingpong;
 use crate::report::{print, Progress, Val};
 
@@ -51,35 +50,30 @@ pub fn server_args(m: &Mixed) -> Vec<String> {
     v
 }
 
-/// Serve: expose the bulk target to every client, send it the descriptor, echo pings until each
-/// client sends its 1-byte stop.
-pub fn serve(m: &Mixed, clients: usize) -> Result<(), BoxErr> {
+/// Serve client after client, each with `conns` connections: expose the bulk target to each
+/// connection, send it the descriptor, echo pings until each sends its 1-byte stop.
+pub fn serve(m: &Mixed, conns: usize) -> Result<(), BoxErr> {
     let a = &m.common;
-    let tokio = control_plane()?;
-    let rt = build_rt_with(a, sched_config(m), 1, 1)?;
-    let eps: Vec<Endpoint> = tokio.block_on(async {
-        let l = rt.listen(&a.listen).await?;
-        println!("LISTENING {}", l.local_addr()?);
-        std::io::stdout().flush()?;
-        let mut v = Vec::new();
-        for _ in 0..clients {
-            v.push(l.accept().await?);
-        }
-        Ok::<_, BoxErr>(v)
-    })?;
-    let cpu = CpuMeter::start();
-    rt.block_on(async {
-        let target = rt.expose(rt.alloc(m.bulk_size)?, Access::WRITE)?;
-        let desc = target.descriptor();
-        let all: Vec<_> = eps.iter().map(|ep| echo(&rt, ep, desc.clone())).collect();
-        for r in futures::future::join_all(all).await {
-            r?;
-        }
-        Ok::<(), BoxErr>(())
-    })?;
-    println!("SERVER_CPU {:.2}", cpu.pct());
-    drop(eps);
-    Ok(())
+    let srv = RtServer::bind(build_rt_with(a, sched_config(m), 1, 1)?, a)?;
+    let rt = &srv.rt;
+    serve_each(
+        a,
+        || srv.accept_n(conns),
+        |eps: Vec<Endpoint>| {
+            let cpu = CpuMeter::start();
+            rt.block_on(async {
+                let target = rt.expose(rt.alloc(m.bulk_size)?, Access::WRITE)?;
+                let desc = target.descriptor();
+                let all: Vec<_> = eps.iter().map(|ep| echo(rt, ep, desc.clone())).collect();
+                for r in futures::future::join_all(all).await {
+                    r?;
+                }
+                Ok::<(), BoxErr>(())
+            })?;
+            println!("SERVER_CPU {:.2}", cpu.pct());
+            Ok(())
+        },
+    )
 }
 
 /// Send the bulk target's descriptor, then answer pings until the 1-byte stop.

@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use rdmalane::{Access, Pieces};
 
 use crate::cli::PagesArgs;
-use crate::conn::{build_rt_with, BoxErr, CpuMeter, RtConn};
+use crate::conn::{build_rt_with, serve_each, BoxErr, CpuMeter, RtConn, RtServer};
 use crate::report::{print, Progress, Val};
 
 /// Immediate value every page carries with `--imm`.
@@ -29,9 +29,7 @@ pub fn run(p: &PagesArgs) -> Result<(), BoxErr> {
     // A batch cannot hold more distinct pages than the pool has.
     let batches = pages.div_ceil(p.batch.min(pool_pages(p)));
     if a.server {
-        let cpu = server(p, pages)?;
-        println!("SERVER_CPU {cpu:.2}");
-        return Ok(());
+        return server(p, pages);
     }
     let extra = server_args(p);
     let (secs, server_cpu) = match &a.connect {
@@ -89,16 +87,24 @@ fn server_args(p: &PagesArgs) -> Vec<String> {
     v
 }
 
-fn conn(p: &PagesArgs, addr: Option<&str>) -> Result<RtConn, BoxErr> {
-    let rt = build_rt_with(&p.common, rdmalane::sched::SchedConfig::default(), 1, p.rails)?;
-    match addr {
-        Some(addr) => RtConn::client_on(rt, addr),
-        None => RtConn::server_on(rt, &p.common),
-    }
+fn runtime(p: &PagesArgs) -> Result<rdmalane::Runtime, BoxErr> {
+    build_rt_with(&p.common, rdmalane::sched::SchedConfig::default(), 1, p.rails)
 }
 
-fn server(p: &PagesArgs, pages: usize) -> Result<f64, BoxErr> {
-    let c = conn(p, None)?;
+/// Serve client after client; each one's CPU share is printed as it ends.
+fn server(p: &PagesArgs, pages: usize) -> Result<(), BoxErr> {
+    let srv = RtServer::bind(runtime(p)?, &p.common)?;
+    serve_each(
+        &p.common,
+        || srv.accept(),
+        |c| {
+            println!("SERVER_CPU {:.2}", serve_one(p, pages, &c)?);
+            Ok(())
+        },
+    )
+}
+
+fn serve_one(p: &PagesArgs, pages: usize, c: &RtConn) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
         let target = rt.expose(rt.alloc(pool_pages(p) * p.page_size)?, Access::WRITE)?;
@@ -116,7 +122,7 @@ fn server(p: &PagesArgs, pages: usize) -> Result<f64, BoxErr> {
 
 /// Returns (seconds, provider, client CPU %).
 fn client(p: &PagesArgs, addr: &str, pages: usize, batches: usize) -> Result<(f64, String, f64), BoxErr> {
-    let c = conn(p, Some(addr))?;
+    let c = RtConn::client_on(runtime(p)?, addr)?;
     let (rt, ep) = (&c.rt, &c.ep);
     let pool = pool_pages(p);
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
