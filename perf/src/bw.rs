@@ -39,15 +39,18 @@ fn run_one(a: &Common) -> Result<f64, BoxErr> {
         return Err("--window and --size must be at least 1".into());
     }
     if a.server {
-        let report = |cpu: f64| println!("SERVER_CPU {cpu:.2}");
+        let report = |cpu: f64| {
+            println!("SERVER_CPU {cpu:.2}");
+            Ok(())
+        };
         match a.engine {
             Engine::Runtime => {
                 let srv = RtConn::server(a)?;
-                serve_each(a, || srv.accept(), |mut c| Ok(report(rt_server(&mut c, a)?)))?
+                serve_each(a, || srv.accept(), |mut c| report(rt_server(&mut c, a)?))?
             }
             Engine::Raw => {
                 let l = RawConn::listen(a)?;
-                serve_each(a, || RawConn::accept(&l, a), |mut c| Ok(report(raw_server(&mut c, a)?)))?
+                serve_each(a, || RawConn::accept(&l, a), |mut c| report(raw_server(&mut c, a)?))?
             }
         }
         return Ok(0.0);

@@ -289,13 +289,12 @@ fn prove(secret: &[u8], their_nonce: &[u8; 32], my_nonce: &[u8; 32], my_id: u64)
 /// read asks for more than a field's limit, the acceptor never sends more than its hello, a
 /// proof and the ready mark, and it never finishes without the bytes of a whole handshake.
 pub(crate) fn drive_acceptor_with(bytes: &[u8], cuts: &[u8], secret: Option<&[u8]>) -> Result<(), Failure> {
-    let local = Local {
-        id: 1,
-        provider: "tcp;ofi_rxm".into(),
-        rails: 1,
-        secret: secret.map(Arc::from),
-        nonce: [7; 32],
-    };
+    const PROVIDER: &str = "tcp;ofi_rxm";
+    // Magic, version, id, nonce, flags, rails, provider length, lane count; a lane address's
+    // length; the ready mark.
+    const LEAST: usize = 4 + 2 + 8 + 32 + 1 + 1 + 2 + 1 + PROVIDER.len() + 2 + 1;
+    let local =
+        Local { id: 1, provider: PROVIDER.into(), rails: 1, secret: secret.map(Arc::from), nonce: [7; 32] };
     let mut hs = Handshake::accept(local);
     let (mut rest, mut cut) = (bytes, cuts.iter().cycle());
     let mut sent = 0usize;
@@ -319,7 +318,7 @@ pub(crate) fn drive_acceptor_with(bytes: &[u8], cuts: &[u8], secret: Option<&[u8
                 hs.peer_added();
             }
             Next::Done => {
-                assert!(bytes.len() - rest.len() >= 4 + 2 + 8 + 32 + 5 + 1, "done after too few bytes");
+                assert!(bytes.len() - rest.len() >= LEAST, "done after too few bytes");
                 return Ok(());
             }
         }
