@@ -7,20 +7,22 @@
 //! under emulation), every refusal is counted by its reason, and the server's threads and memory
 //! return to their level after the flood.
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::io::BufRead;
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use rdmalane::{Error, RefusalReason, Runtime};
-use rdmalane_conformance::{bounded, builder, cmd, encode_cmd, hash, pattern, providers};
+use rdmalane_conformance::{bounded, builder, cmd, encode_cmd, hash, pattern, providers, spawn_listening};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const SECRET: &str = "hostile-test secret";
 /// The server's handshake limit: silent sockets are refused after it.
 const HANDSHAKE_MS: u64 = 2000;
+/// How far above its level the server's resident memory may be after the flood.
+const SLACK_KIB: u64 = 32 << 10;
 /// Connections of the flood.
 const FLOOD: usize = 1000;
 
@@ -41,19 +43,9 @@ struct Server {
 
 impl Server {
     fn spawn(provider: &str) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_server"))
-            .args([provider, SECRET, &HANDSHAKE_MS.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn server");
-        let mut out = BufReader::new(child.stdout.take().expect("piped"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("server output");
-        let addr = line
-            .trim()
-            .strip_prefix("LISTENING ")
-            .unwrap_or_else(|| panic!("server said {line:?}"))
-            .to_string();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_server"));
+        cmd.args([provider, SECRET, &HANDSHAKE_MS.to_string()]);
+        let (child, out, addr) = spawn_listening(cmd);
         let (tx, refused) = mpsc::channel();
         std::thread::spawn(move || {
             for line in out.lines() {
@@ -295,13 +287,18 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
             wait_rounds(3).await;
             stop.store(true, Ordering::Relaxed);
             client.await.expect("the real client");
-            // Back to its level: the server's threads exactly, its memory within a few MiB.
+            // Back to its level: the server's threads and descriptors (less the real client's
+            // last connection) exactly, its memory within SLACK_KIB. Descriptors are the
+            // precise check (a handshake left behind holds its socket); resident memory moves
+            // by 10-20 MiB on tcp with the real client's ~35 reconnects meanwhile (tcp;ofi_rxm's
+            // per-endpoint pools), while the flood's handshakes are a few KiB each.
+            let back = |now: (u64, u64, u64)| {
+                now.0 <= before.0 && now.1 <= before.1 + SLACK_KIB && now.2 <= before.2
+            };
             let settle = Instant::now();
             let after = loop {
                 let now = srv.usage();
-                if (now.0 <= before.0 && now.1 <= before.1 + 8192)
-                    || settle.elapsed() > Duration::from_secs(10)
-                {
+                if back(now) || settle.elapsed() > Duration::from_secs(10) {
                     break now;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -314,7 +311,13 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
             );
             assert_eq!(after.0, before.0, "server threads after the flood");
             assert!(
-                after.1 <= before.1 + 8192,
+                after.2 <= before.2,
+                "server descriptors {} after the flood, {} before",
+                after.2,
+                before.2
+            );
+            assert!(
+                after.1 <= before.1 + SLACK_KIB,
                 "server RSS {} KiB after the flood, {} before",
                 after.1,
                 before.1

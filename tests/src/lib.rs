@@ -145,18 +145,23 @@ pub struct PeerProcess {
 impl PeerProcess {
     /// Start the peer on `provider` and wait until it listens.
     pub fn spawn(bin: &str, provider: &str) -> PeerProcess {
-        let mut child =
-            Command::new(bin).args([provider]).stdout(Stdio::piped()).spawn().expect("spawn peer");
-        let mut out = BufReader::new(child.stdout.take().expect("piped"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("peer output");
-        let addr = line
-            .trim()
-            .strip_prefix("LISTENING ")
-            .unwrap_or_else(|| panic!("peer said {line:?}"))
-            .to_string();
+        let mut cmd = Command::new(bin);
+        cmd.arg(provider);
+        let (child, _, addr) = spawn_listening(cmd);
         PeerProcess { child, addr }
     }
+}
+
+/// Start `cmd` with its stdout piped and wait for its first line, `LISTENING ADDR`: the child,
+/// the rest of its stdout, and the address.
+pub fn spawn_listening(mut cmd: Command) -> (Child, BufReader<std::process::ChildStdout>, String) {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let mut out = BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("child output");
+    let addr =
+        line.trim().strip_prefix("LISTENING ").unwrap_or_else(|| panic!("{cmd:?} said {line:?}")).to_string();
+    (child, out, addr)
 }
 
 impl Drop for PeerProcess {

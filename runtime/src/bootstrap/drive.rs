@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::handshake::{Handshake, Local, Next, Role};
+use super::handshake::{Handshake, Local, Next};
 use super::hello::MAX_NAME;
 use super::refusal::{Failure, RefusalReason};
 use super::watch::watch_peer;
@@ -56,6 +56,11 @@ impl Progress {
         self.0.store(Self::HELLO, Ordering::Relaxed);
     }
 
+    /// The handshake is over (a listener must not evict it while its outcome is on the way).
+    pub(super) fn finished(&self) {
+        self.0.store(Self::HELLO, Ordering::Relaxed);
+    }
+
     /// Waiting on an empty socket without a whole hello.
     pub(super) fn evictable(&self) -> bool {
         self.0.load(Ordering::Relaxed) == Self::IDLE
@@ -63,12 +68,22 @@ impl Progress {
 }
 
 /// Lanes opened for a handshake, closed on drop unless handed on.
-struct LanesGuard<'a> {
+pub(super) struct LanesGuard<'a> {
     rt: &'a Runtime,
     lanes: Vec<Lane>,
 }
 
-impl LanesGuard<'_> {
+impl<'a> LanesGuard<'a> {
+    /// Open `n` lanes for a peer: the guard and the lanes' addresses.
+    pub(super) fn open(
+        rt: &'a Runtime,
+        peer: &str,
+        n: usize,
+    ) -> Result<(LanesGuard<'a>, Vec<Vec<u8>>), Error> {
+        let (lanes, names) = rt.open_lanes(peer, n)?.into_iter().unzip();
+        Ok((LanesGuard { rt, lanes }, names))
+    }
+
     fn take(&mut self) -> Vec<Lane> {
         std::mem::take(&mut self.lanes)
     }
@@ -110,27 +125,29 @@ fn io_failure(what: &str, e: std::io::Error) -> Failure {
     Failure::new(RefusalReason::Io, format!("{what}: {e}"))
 }
 
-/// Run one handshake on `s` as `role` (a connector asks for `lanes` lanes), telling `progress`
-/// how far it got.
+/// Which end of the handshake this side is.
+pub(super) enum Side<'a> {
+    /// The connector, with its lanes open (before the TCP connect, so that its hello follows
+    /// the connect at once: a listener may take a connection that stays quiet for a stranger's).
+    Connect(LanesGuard<'a>, Vec<Vec<u8>>),
+    /// The acceptor, telling `progress` how far it got.
+    Accept(Option<&'a Progress>),
+}
+
+/// Run one handshake on `s`.
 pub(super) async fn drive(
     rt: &Runtime,
     mut s: TcpStream,
     addr: SocketAddr,
-    role: Role,
-    lanes: usize,
-    progress: Option<&Progress>,
+    side: Side<'_>,
 ) -> Result<Endpoint, DriveError> {
     let peer = addr.to_string();
     let _ = s.set_nodelay(true);
-    let mut opened = LanesGuard { rt, lanes: Vec::new() };
-    let mut hs = match role {
-        Role::Connect => {
-            let lanes = rt.open_lanes(&peer, lanes).map_err(DriveError::Runtime)?;
-            let (ids, names): (Vec<Lane>, Vec<Vec<u8>>) = lanes.into_iter().unzip();
-            opened.lanes = ids;
-            Handshake::connect(local(rt), names)
+    let (mut opened, mut hs, progress) = match side {
+        Side::Connect(opened, names) => (opened, Handshake::connect(local(rt), names), None),
+        Side::Accept(progress) => {
+            (LanesGuard { rt, lanes: Vec::new() }, Handshake::accept(local(rt)), progress)
         }
-        Role::Accept => Handshake::accept(local(rt)),
     };
     let mut added = PeerGuard { rt, slots: None };
     let mut outbox = None;
@@ -148,9 +165,8 @@ pub(super) async fn drive(
                 }
             }
             Next::OpenLanes(n) => {
-                let lanes = rt.open_lanes(&peer, n).map_err(DriveError::Runtime)?;
-                let (ids, names): (Vec<Lane>, Vec<Vec<u8>>) = lanes.into_iter().unzip();
-                opened.lanes = ids;
+                let (lanes, names) = LanesGuard::open(rt, &peer, n).map_err(DriveError::Runtime)?;
+                opened = lanes;
                 hs.lanes_opened(names);
             }
             Next::AddPeer => {

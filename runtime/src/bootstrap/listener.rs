@@ -19,8 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::{AbortHandle, JoinSet};
 
-use super::drive::{drive, DriveError, Progress};
-use super::handshake::Role;
+use super::drive::{drive, DriveError, Progress, Side};
 use super::refusal::{Failure, Refusal, RefusalLog, RefusalReason, Refusals, REFUSALS_KEPT};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, OpKind, Result};
@@ -262,12 +261,14 @@ impl Acceptor {
                     },
                 },
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    // An evicted task was aborted and its refusal already counted.
+                    // An evicted task was aborted and its refusal already counted; one that
+                    // ended just before its eviction reports a refusal that was counted too.
                     let Ok((id, outcome)) = done else { continue };
-                    slots.remove(&id);
+                    let evicted = slots.remove(&id).is_none();
                     match outcome {
                         Outcome::Accepted => {}
-                        Outcome::Refused(addr, f) => self.refuse(addr, f),
+                        Outcome::Refused(addr, f) if !evicted => self.refuse(addr, f),
+                        Outcome::Refused(..) => {}
                         Outcome::Shutdown => break Ended::Shutdown,
                     }
                 }
@@ -313,7 +314,9 @@ async fn handshake(
     ready: mpsc::Sender<Endpoint>,
     limit: Duration,
 ) -> Outcome {
-    let r = tokio::time::timeout(limit, drive(&rt, s, addr, Role::Accept, 0, Some(&progress))).await;
+    let r = tokio::time::timeout(limit, drive(&rt, s, addr, Side::Accept(Some(&progress)))).await;
+    // Whatever happened, this one is no stranger to evict any more.
+    progress.finished();
     match r {
         Ok(Ok(ep)) => {
             // A send fails only when the listener is gone, and the endpoint with it.

@@ -27,8 +27,7 @@ pub use refusal::{Refusal, RefusalCounts, RefusalReason, Refusals};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, OpKind, Result};
 use crate::runtime::Runtime;
-use drive::{drive, DriveError};
-use handshake::Role;
+use drive::{drive, DriveError, LanesGuard, Side};
 use hello::MAX_LANES;
 
 impl Runtime {
@@ -57,9 +56,10 @@ impl Runtime {
         let limit = self.connect_timeout();
         let io = |e| Error::Io { op: OpKind::Connect, peer: label.clone(), source: e };
         let attempt = async {
+            let (opened, names) = LanesGuard::open(self, &label, lanes)?;
             let stream = TcpStream::connect(addr).await.map_err(io)?;
             let peer = stream.peer_addr().map_err(io)?;
-            drive(self, stream, peer, Role::Connect, lanes, None).await.map_err(|e| match e {
+            drive(self, stream, peer, Side::Connect(opened, names)).await.map_err(|e| match e {
                 DriveError::Runtime(e) => e,
                 DriveError::Refused(f) => Error::Handshake {
                     op: OpKind::Connect,

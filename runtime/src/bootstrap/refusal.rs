@@ -41,18 +41,9 @@ pub enum RefusalReason {
 
 impl RefusalReason {
     /// Every reason, in the order [`RefusalCounts`] lists them.
-    pub const ALL: [RefusalReason; 10] = [
-        RefusalReason::Closed,
-        RefusalReason::BadHello,
-        RefusalReason::WrongVersion,
-        RefusalReason::WrongSecret,
-        RefusalReason::MissingSecret,
-        RefusalReason::Mismatch,
-        RefusalReason::Timeout,
-        RefusalReason::OverCap,
-        RefusalReason::Setup,
-        RefusalReason::Io,
-    ];
+    pub fn all() -> &'static [RefusalReason] {
+        &ALL
+    }
 
     /// The reason's name in logs and metrics (`bad_hello`, `over_cap`, ...).
     pub fn name(self) -> &'static str {
@@ -71,9 +62,22 @@ impl RefusalReason {
     }
 
     fn index(self) -> usize {
-        RefusalReason::ALL.iter().position(|&r| r == self).expect("every reason is listed")
+        ALL.iter().position(|&r| r == self).expect("every reason is listed")
     }
 }
+
+const ALL: [RefusalReason; 10] = [
+    RefusalReason::Closed,
+    RefusalReason::BadHello,
+    RefusalReason::WrongVersion,
+    RefusalReason::WrongSecret,
+    RefusalReason::MissingSecret,
+    RefusalReason::Mismatch,
+    RefusalReason::Timeout,
+    RefusalReason::OverCap,
+    RefusalReason::Setup,
+    RefusalReason::Io,
+];
 
 impl fmt::Display for RefusalReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -157,13 +161,13 @@ impl RefusalCounts {
 
     /// Every refusal, whatever its reason.
     pub fn total(&self) -> u64 {
-        RefusalReason::ALL.iter().map(|&r| self.of(r)).sum()
+        ALL.iter().map(|&r| self.of(r)).sum()
     }
 }
 
 /// The runtime's refusal counters, written by its listeners.
 #[derive(Debug, Default)]
-pub(crate) struct RefusalCounters([AtomicU64; RefusalReason::ALL.len()]);
+pub(crate) struct RefusalCounters([AtomicU64; ALL.len()]);
 
 impl RefusalCounters {
     pub(crate) fn add(&self, reason: RefusalReason) {
@@ -296,13 +300,13 @@ mod tests {
     #[test]
     fn counts_are_kept_per_reason() {
         let c = RefusalCounters::default();
-        for (i, &r) in RefusalReason::ALL.iter().enumerate() {
+        for (i, &r) in ALL.iter().enumerate() {
             for _ in 0..=i {
                 c.add(r);
             }
         }
         let s = c.snapshot();
-        for (i, &r) in RefusalReason::ALL.iter().enumerate() {
+        for (i, &r) in ALL.iter().enumerate() {
             assert_eq!(s.of(r), i as u64 + 1, "{r}");
         }
         assert_eq!(s.total(), 55);
