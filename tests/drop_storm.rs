@@ -3,10 +3,8 @@
 use rdmalane::Access;
 use rdmalane_conformance::{bounded, expose_to, pair, runtime};
 
-/// Resident memory of this process, in bytes.
 fn rss() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    statm.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 4096
+    rdmalane_conformance::resident_bytes("self")
 }
 
 #[test]

@@ -14,7 +14,9 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use rdmalane::{Error, RefusalReason, Runtime};
-use rdmalane_conformance::{bounded, builder, cmd, encode_cmd, hash, pattern, providers, spawn_listening};
+use rdmalane_conformance::{
+    bounded, builder, cmd, encode_cmd, hash, pattern, providers, resident_bytes, spawn_listening,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -82,17 +84,15 @@ impl Server {
 
     /// (threads, resident KiB, open descriptors) of the server process.
     fn usage(&self) -> (u64, u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{name} in /proc status"))
-        };
-        let fds = std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).expect("fds").count() as u64;
-        (field("Threads:"), field("VmRSS:"), fds)
+        let pid = self.child.id().to_string();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        let threads = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("Threads: in /proc status");
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fds").count() as u64;
+        (threads, resident_bytes(&pid) >> 10, fds)
     }
 }
 

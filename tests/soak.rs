@@ -13,8 +13,7 @@ use rdmalane_conformance::{bounded, cmd, encode_cmd, runtime, PeerProcess};
 const PEER: &str = env!("CARGO_BIN_EXE_peer");
 
 fn rss_mib() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    (statm.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 4096) >> 20
+    rdmalane_conformance::resident_bytes("self") >> 20
 }
 
 #[test]

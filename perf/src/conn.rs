@@ -293,9 +293,9 @@ impl RawConn {
     pub fn accept(l: &TcpListener, a: &Common) -> Result<RawConn, BoxErr> {
         loop {
             let (ctl, from) = l.accept()?;
-            let setup = || {
+            let setup = move || {
                 ctl.set_read_timeout(Some(SETUP_LIMIT))?;
-                let c = Self::finish(raw_engine(a)?, ctl.try_clone()?)?;
+                let c = Self::finish(raw_engine(a)?, ctl)?;
                 c.ctl.set_read_timeout(None)?;
                 Ok::<_, BoxErr>(c)
             };

@@ -116,6 +116,12 @@ pub async fn expose_to(
     (exposed, remote)
 }
 
+/// Resident memory of a process (`"self"` or a pid), in bytes, from `/proc/PID/statm`.
+pub fn resident_bytes(pid: &str) -> u64 {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 4096
+}
+
 /// A byte pattern that differs per size and seed, so misplaced bytes show.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

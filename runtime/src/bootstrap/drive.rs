@@ -42,7 +42,7 @@ pub(super) struct Progress(AtomicU8);
 impl Progress {
     const BUSY: u8 = 0;
     const IDLE: u8 = 1;
-    const HELLO: u8 = 2;
+    const KNOWN: u8 = 2;
 
     fn idle(&self) {
         let _ = self.0.compare_exchange(Self::BUSY, Self::IDLE, Ordering::Relaxed, Ordering::Relaxed);
@@ -52,13 +52,10 @@ impl Progress {
         let _ = self.0.compare_exchange(Self::IDLE, Self::BUSY, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    fn hello(&self) {
-        self.0.store(Self::HELLO, Ordering::Relaxed);
-    }
-
-    /// The handshake is over (a listener must not evict it while its outcome is on the way).
-    pub(super) fn finished(&self) {
-        self.0.store(Self::HELLO, Ordering::Relaxed);
+    /// The peer's hello is in, or the handshake is over (a listener must not evict it while
+    /// its outcome is on the way): no stranger to evict any more.
+    pub(super) fn known(&self) {
+        self.0.store(Self::KNOWN, Ordering::Relaxed);
     }
 
     /// Waiting on an empty socket without a whole hello.
@@ -151,6 +148,7 @@ pub(super) async fn drive(
     };
     let mut added = PeerGuard { rt, slots: None };
     let mut outbox = None;
+    let mut label = String::new();
     let mut buf = vec![0u8; MAX_NAME];
     loop {
         if let Some(out) = hs.transmit() {
@@ -161,7 +159,7 @@ pub(super) async fn drive(
                 let n = read(&s, &mut buf[..max.min(MAX_NAME)], progress).await?;
                 hs.received(&buf[..n]);
                 if let (Some(p), true) = (progress, hs.has_hello()) {
-                    p.hello();
+                    p.known();
                 }
             }
             Next::OpenLanes(n) => {
@@ -171,12 +169,19 @@ pub(super) async fn drive(
             }
             Next::AddPeer => {
                 let them = hs.peer().expect("a hello before adding");
-                let label = format!("{addr}#{:x}", them.id);
+                label = format!("{addr}#{:x}", them.id);
                 let (ctl, rx) = tokio::sync::mpsc::unbounded_channel();
                 outbox = Some(rx);
                 // A failed add closes the lanes itself: the guard lets go of them first.
                 let slots = rt
-                    .add_peer(them.id, opened.take(), them.names.clone(), them.rails as usize, label, ctl)
+                    .add_peer(
+                        them.id,
+                        opened.take(),
+                        them.names.clone(),
+                        them.rails as usize,
+                        label.clone(),
+                        ctl,
+                    )
                     .map_err(DriveError::Runtime)?;
                 added.slots = Some(slots);
                 hs.peer_added();
@@ -186,7 +191,6 @@ pub(super) async fn drive(
     }
     let them = hs.peer().expect("a hello before done");
     let slots = added.slots.take().expect("added before done");
-    let label = format!("{addr}#{:x}", them.id);
     let watch = watch_peer(rt.clone(), slots.clone(), them.id, s, outbox.expect("added before done"));
     Ok(Endpoint::new(rt.clone(), slots, them.rails as usize, them.id, label, Some(watch)))
 }

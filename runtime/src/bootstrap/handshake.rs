@@ -38,7 +38,7 @@ pub(crate) struct Local {
 
 /// Which end of the connection this side is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
+enum Role {
     Connect,
     Accept,
 }
@@ -224,9 +224,6 @@ impl Handshake {
         }
         if self.role == Role::Connect && h.names.len() != self.lanes {
             return mismatch(format!("peer answered with {} lanes for {}", h.names.len(), self.lanes));
-        }
-        if h.names.len() > MAX_LANES {
-            return mismatch(format!("{} lanes (1 to {MAX_LANES})", h.names.len()));
         }
         let missing = |why: &str| Err(Failure::new(RefusalReason::MissingSecret, why.to_string()));
         match (&self.local.secret, h.auth) {

@@ -316,7 +316,7 @@ async fn handshake(
 ) -> Outcome {
     let r = tokio::time::timeout(limit, drive(&rt, s, addr, Side::Accept(Some(&progress)))).await;
     // Whatever happened, this one is no stranger to evict any more.
-    progress.finished();
+    progress.known();
     match r {
         Ok(Ok(ep)) => {
             // A send fails only when the listener is gone, and the endpoint with it.
