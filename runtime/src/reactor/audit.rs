@@ -170,22 +170,15 @@ impl Reactor {
         };
         // The peer answers all our rail groups' questions together: each asks its share.
         let ours = MAX_ASKED_PER_SEC / self.groups.max(1);
-        if !within(&mut p.asked, Duration::from_secs(1), ours) {
+        if !within(&mut p.asked, self.now, Duration::from_secs(1), ours) {
             return;
         }
         self.audit.next_token = self.audit.next_token.wrapping_add(1) & ((1 << super::TOKEN_GROUP_SHIFT) - 1);
         let token = (self.group << super::TOKEN_GROUP_SHIFT) | self.audit.next_token;
         self.tell(slot, Ctl::Check { token, key, addr, len: len as u64, write });
         self.audit.by_token.insert(token, k);
-        let asking = Asking {
-            slot,
-            token,
-            id,
-            cell: cell.clone(),
-            verdict: None,
-            parked: None,
-            asked: Instant::now(),
-        };
+        let asking =
+            Asking { slot, token, id, cell: cell.clone(), verdict: None, parked: None, asked: self.now };
         self.audit.asking.insert(k, asking);
     }
 
@@ -258,7 +251,7 @@ impl Reactor {
     /// On a transport whose refusals are silent: ask about the one-sided ops that were in flight
     /// at the previous look already (at least `SILENT_AFTER` ago).
     pub(super) fn sweep_silent(&mut self) {
-        let now = Instant::now();
+        let now = self.now;
         let since = match self.audit.swept {
             Some((at, _)) if now.duration_since(at) < SILENT_AFTER => return,
             Some((_, generation)) => generation,
@@ -303,6 +296,7 @@ impl Reactor {
     pub(super) fn on_audit(&mut self, slot: usize, msg: Ctl) {
         match msg {
             Ctl::Check { token, key, addr, len, write } => {
+                let now = self.now;
                 let Some(p) = self.peers.get_mut(slot) else {
                     return;
                 };
@@ -311,11 +305,11 @@ impl Reactor {
                 // error once it gives up): a burst of honest questions, all the ops a dropped
                 // connection cancelled, costs nothing more. Refusals are what probing for keys
                 // looks like: too many, and the peer is dropped.
-                if !within(&mut p.checks, Duration::from_secs(1), MAX_CHECKS_PER_SEC) {
+                if !within(&mut p.checks, now, Duration::from_secs(1), MAX_CHECKS_PER_SEC) {
                     return;
                 }
                 if verdict.refusal().is_some()
-                    && !within(&mut p.refused, Duration::from_secs(60), MAX_REFUSED)
+                    && !within(&mut p.refused, now, Duration::from_secs(60), MAX_REFUSED)
                 {
                     let why = format!(
                         "it was refused more than {MAX_REFUSED} times a minute asking about our memory"
@@ -363,7 +357,7 @@ impl Reactor {
     /// an op waiting on one fails with its own error, and an op still in flight may be asked
     /// about again.
     pub(super) fn expire_questions(&mut self) {
-        let now = Instant::now();
+        let now = self.now;
         let late: Vec<usize> = self
             .audit
             .asking
@@ -412,8 +406,7 @@ impl Reactor {
 
 /// Count one more event in the window `(start, count)` of length `span`, starting a new
 /// window when it is over; false when the count goes above `max`.
-fn within(w: &mut (Instant, u32), span: Duration, max: u32) -> bool {
-    let now = Instant::now();
+fn within(w: &mut (Instant, u32), now: Instant, span: Duration, max: u32) -> bool {
     if now.duration_since(w.0) >= span {
         *w = (now, 0);
     }
@@ -501,11 +494,14 @@ mod tests {
     fn questions_to_one_peer_are_paced_below_what_it_answers() {
         let mut w = (Instant::now(), 0);
         let allowed = (0..MAX_CHECKS_PER_SEC)
-            .filter(|_| within(&mut w, Duration::from_secs(60), MAX_ASKED_PER_SEC))
+            .filter(|_| within(&mut w, Instant::now(), Duration::from_secs(60), MAX_ASKED_PER_SEC))
             .count();
         assert_eq!(allowed as u32, MAX_ASKED_PER_SEC);
         let mut w = (Instant::now() - Duration::from_secs(2), MAX_ASKED_PER_SEC);
-        assert!(within(&mut w, Duration::from_secs(1), MAX_ASKED_PER_SEC), "a new second starts afresh");
+        assert!(
+            within(&mut w, Instant::now(), Duration::from_secs(1), MAX_ASKED_PER_SEC),
+            "a new second starts afresh"
+        );
         assert_eq!(w.1, 1);
     }
 }

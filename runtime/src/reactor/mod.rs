@@ -7,7 +7,11 @@ pub(crate) mod cmd;
 pub(crate) mod inline;
 mod rendezvous;
 #[cfg(test)]
+mod scripted;
+#[cfg(test)]
 mod testing;
+#[cfg(test)]
+mod tests;
 pub(crate) mod thread;
 
 use std::collections::VecDeque;
@@ -22,7 +26,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::batch::MAX_SGE;
 use crate::buf::lease;
 use crate::control::Ctl;
-use crate::error::{Error, OpKind, TransportError};
+use crate::error::{Error, FailureClass, OpKind, TransportError};
 use crate::imm::ImmQueue;
 use crate::op::{Done, OpCell};
 use crate::sched::{Chunk, Class, OpDone, OpId, OpSpec, SchedConfig, Scheduler};
@@ -194,12 +198,29 @@ pub(crate) struct Reactor {
     turns: u32,
     /// `Caps::silent_refusals`.
     silent_refusals: bool,
-    /// Shutting down: nothing new is started.
-    closing: bool,
+    /// Where the reactor is in its life.
+    phase: Phase,
+    /// The time of the current turn (passed in, so that tests run on virtual time).
+    now: Instant,
     /// How long a peer's answer on the control connection may take (a verdict, the offer that
     /// follows a marker) before we give up on it: `PATIENCE_MIN`, or twice the peer timeout
     /// where that is longer (each control write may take up to a peer timeout).
     patience: Duration,
+}
+
+/// Where a reactor is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Serving ops.
+    Running,
+    /// Stopping: nothing new starts, queued ops have failed, posted ones get until `deadline`
+    /// to complete.
+    Draining { deadline: Instant },
+    /// Drained. The first group waits (until `deadline`) for the others to drain before it
+    /// tells the peers goodbye.
+    Parting { deadline: Instant },
+    /// Lanes closed, every op resolved.
+    Stopped,
 }
 
 /// The least patience with a peer's answers.
@@ -308,7 +329,8 @@ impl Reactor {
             audit: audit::Audit::default(),
             turns: 0,
             silent_refusals: t.caps().silent_refusals,
-            closing: false,
+            phase: Phase::Running,
+            now: Instant::now(),
             patience: PATIENCE_MIN,
             counters,
             idle,
@@ -319,6 +341,12 @@ impl Reactor {
     /// One round: take commands, reap completions, then post what the scheduler allows (lazy
     /// posting from the completion loop). True if anything happened.
     pub(crate) fn turn(&mut self) -> bool {
+        self.turn_at(Instant::now())
+    }
+
+    /// As [`turn`](Self::turn), at time `now`.
+    pub(crate) fn turn_at(&mut self, now: Instant) -> bool {
+        self.now = now;
         let mut work = self.take_commands();
         work |= self.reap();
         // Most turns of a spinning driver find nothing to post: skip the scheduler's round then.
@@ -358,7 +386,8 @@ impl Reactor {
     pub(crate) fn post_at_once(&mut self, draft: Draft, seg: LocalSeg) -> Result<AtOnce, Draft> {
         self.take_commands();
         let peer = draft.peer;
-        let live = self.peers.get(peer).is_some_and(|p| p.id == draft.peer_id && p.lost.is_none());
+        let live = self.phase == Phase::Running
+            && self.peers.get(peer).is_some_and(|p| p.id == draft.peer_id && p.lost.is_none());
         if !live || !self.direct.is_empty() || draft.batch.is_some() {
             return Err(draft);
         }
@@ -406,7 +435,7 @@ impl Reactor {
     }
 
     /// A failure the runtime reports itself, in the provider's name (no errno).
-    fn local_error(&self, class: crate::error::FailureClass, text: impl Into<String>) -> TransportError {
+    fn local_error(&self, class: FailureClass, text: impl Into<String>) -> TransportError {
         TransportError { provider: self.t.caps().provider.clone(), errno: 0, text: text.into(), class }
     }
 
@@ -503,6 +532,12 @@ impl Reactor {
     }
 
     fn accept(&mut self, req: OpReq) {
+        if self.phase != Phase::Running {
+            // Sent as the runtime stopped (its queue was drained already): the lanes are
+            // closing or closed.
+            self.settle(&req.cell, Err(Error::Shutdown { op: req.op }));
+            return;
+        }
         let peer = self.peers.get(req.peer).filter(|p| p.id == req.peer_id);
         let gone = match peer {
             None => Some((String::from("-"), String::from("endpoint closed"))),
@@ -595,6 +630,10 @@ impl Reactor {
                     let _ = reply.send(res);
                 }
             }
+            Cmd::OpenLanes { reply, .. } if self.phase != Phase::Running => {
+                let _ =
+                    reply.send(Err(self.local_error(FailureClass::Other, "the runtime is shutting down")));
+            }
             Cmd::OpenLanes { rails, reply } => {
                 let mut opened = Vec::with_capacity(rails.len());
                 for rail in rails {
@@ -614,6 +653,11 @@ impl Reactor {
                     }
                 }
                 let _ = reply.send(Ok(opened));
+            }
+            Cmd::AddPeer { lanes, reply, .. } if self.phase != Phase::Running => {
+                lanes.iter().for_each(|l| self.t.close_lane(l.0));
+                let _ =
+                    reply.send(Err(self.local_error(FailureClass::Other, "the runtime is shutting down")));
             }
             Cmd::AddPeer { id, lanes, rails, label, ctl, reply } => {
                 let res: Result<Vec<(LaneId, PeerAddr, usize)>, TransportError> = lanes
@@ -639,9 +683,9 @@ impl Reactor {
                         lost: None,
                         inflight: 0,
                         ctl,
-                        checks: (Instant::now(), 0),
-                        refused: (Instant::now(), 0),
-                        asked: (Instant::now(), 0),
+                        checks: (self.now, 0),
+                        refused: (self.now, 0),
+                        asked: (self.now, 0),
                         asleep: false,
                         announced: false,
                     };
@@ -701,7 +745,7 @@ impl Reactor {
                 provider: String::new(),
                 errno: 0,
                 text: "lane closed".into(),
-                class: crate::error::FailureClass::PeerUnreachable,
+                class: FailureClass::PeerUnreachable,
             };
             self.complete(id, 0, None, Err(e));
         }
@@ -987,7 +1031,7 @@ impl Reactor {
             None => Error::from_transport(f.op, &peer.label, e),
         });
         if let Some(Error::Transport { source, .. }) = &err {
-            if source.class == crate::error::FailureClass::Cancelled {
+            if source.class == FailureClass::Cancelled {
                 // A dropped connection cancels every piece of a split op, the valid ones too,
                 // and the op is asked about once: ask about its whole range. (A batch's pieces
                 // are not one range: there, the piece.)
@@ -1037,14 +1081,25 @@ impl Reactor {
         }
     }
 
-    /// Fail everything queued, wait (bounded) for posted ops, then close every lane (after
-    /// which no NIC touches a posted buffer) and fail what never completed.
-    /// Once: later calls return at once.
+    /// Fail everything queued, wait (bounded by `limit`) for posted ops, then close every lane
+    /// (after which no NIC touches a posted buffer) and fail what never completed. Once: later
+    /// calls return at once.
     pub(crate) fn shutdown(&mut self, limit: Duration) {
-        if self.closing {
+        self.begin_shutdown(Instant::now() + limit);
+        while !self.shutdown_step(Instant::now()) {
+            if matches!(self.phase, Phase::Parting { .. }) {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
+    /// Stop taking work: fail what is queued (commands included) and start draining what is
+    /// posted, until `deadline`. Does nothing once begun.
+    pub(crate) fn begin_shutdown(&mut self, deadline: Instant) {
+        if self.phase != Phase::Running {
             return;
         }
-        self.closing = true;
+        self.phase = Phase::Draining { deadline };
         while let Ok(cmd) = self.rx.try_recv() {
             match cmd {
                 Cmd::Op(req) => {
@@ -1066,20 +1121,47 @@ impl Reactor {
                 self.finish_op(done);
             }
         }
-        let deadline = Instant::now() + limit;
-        while self.active > 0 && Instant::now() < deadline {
-            self.reap();
+    }
+
+    /// One step of a shutdown at time `now` (begun now if it was not); true once stopped.
+    pub(crate) fn shutdown_step(&mut self, now: Instant) -> bool {
+        self.now = now;
+        match self.phase {
+            Phase::Running => {
+                self.begin_shutdown(now);
+                false
+            }
+            Phase::Draining { deadline } => {
+                if self.active > 0 && now < deadline {
+                    self.reap();
+                    return false;
+                }
+                self.drained.fetch_add(1, Ordering::AcqRel);
+                self.phase = Phase::Parting { deadline };
+                false
+            }
+            Phase::Parting { deadline } => {
+                // The first group tells the peers (the control connection is the runtime's),
+                // once every group has drained: a peer told early would fail the ops the
+                // others still drain.
+                let others = self.drained.load(Ordering::Acquire) < self.groups as usize;
+                if self.group == 0 && others && now < deadline {
+                    return false;
+                }
+                self.part();
+                self.phase = Phase::Stopped;
+                true
+            }
+            Phase::Stopped => true,
         }
-        // Tell the peers, so that they close their lanes to us as we close ours (on shm in one
-        // process, ours wait for theirs: see rdmalane-efa's shm_peers). The first group tells
-        // them (the control connection is the runtime's), once every group has drained: a peer
-        // told early would fail the ops the others still drain.
-        self.drained.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The end of a shutdown: tell the peers, close every lane, fail what never completed.
+    fn part(&mut self) {
+        // Told, the peers close their lanes to us as we close ours (on shm in one process,
+        // ours wait for theirs: see rdmalane-efa's shm_peers).
         let slots: Vec<usize> = self.peers.iter().map(|(k, _)| k).collect();
         if self.group == 0 {
-            while self.drained.load(Ordering::Acquire) < self.groups as usize && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_micros(100));
-            }
             for &slot in &slots {
                 if self.peers[slot].lost.is_none() {
                     self.tell(slot, Ctl::Goodbye { reason: "its runtime shut down".into() });

@@ -223,7 +223,7 @@ impl Reactor {
                 resolve(&self.counters, &cell, Err(Error::PeerLost { op: OpKind::Recv, peer, reason }));
             }
             None => {
-                self.rndv.waiting.insert((slot, token), Waiting { cell, seg, since: Instant::now() });
+                self.rndv.waiting.insert((slot, token), Waiting { cell, seg, since: self.now });
             }
         }
     }
@@ -232,7 +232,7 @@ impl Reactor {
     /// sender tells the offer before it posts the marker, so the offer trails by a control
     /// hop at most; one later than the reactor's patience means a broken peer.
     pub(super) fn expire_markers(&mut self) {
-        let now = Instant::now();
+        let now = self.now;
         let mut late: Vec<(usize, u32)> = self
             .rndv
             .waiting
@@ -308,7 +308,7 @@ impl Reactor {
     /// Read an offered message into the receive buffer `seg`, as a bulk read through the
     /// scheduler; its completion answers the sender and completes the receive.
     fn pull(&mut self, slot: usize, token: u32, desc: RemoteBuf, cell: Arc<OpCell>, seg: LocalSeg) {
-        if self.closing {
+        if self.phase != super::Phase::Running {
             self.tell(slot, Ctl::Done { token, outcome: Pulled::Failed });
             resolve(&self.counters, &cell, Err(Error::Shutdown { op: OpKind::Recv }));
             return;

@@ -1,74 +1,20 @@
-//! A reactor over a transport with nothing behind it, for unit tests of the reactor's
-//! bookkeeping (the audit, the rendezvous), which needs no real transport.
+//! A bare reactor and a peer without lanes, for unit tests of the reactor's bookkeeping (the
+//! audit, the rendezvous) that reach into its tables.
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::{Peer, Reactor};
 use crate::control::Ctl;
 use crate::error::{Error, FailureClass, OpKind, TransportError};
-use crate::transport::{
-    Access, Caps, Completion, LaneId, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
-    WorkRequest,
-};
 
-fn no(text: &str) -> TransportError {
-    TransportError { provider: "nothing".into(), errno: 0, text: text.into(), class: FailureClass::Other }
-}
-
-struct Nothing(Caps);
-struct Quiet;
-impl Notify for Quiet {
-    fn notify(&self) {}
-}
-impl Transport for Nothing {
-    fn caps(&self) -> &Caps {
-        &self.0
-    }
-    fn open_lane(&mut self, _: usize) -> Result<(LaneId, Vec<u8>), TransportError> {
-        Err(no("no lanes"))
-    }
-    fn connect_lane(&mut self, _: LaneId, _: &[u8]) -> Result<PeerAddr, TransportError> {
-        Err(no("no lanes"))
-    }
-    fn close_lane(&mut self, _: LaneId) {}
-    unsafe fn register(&mut self, _: *mut u8, _: usize, _: Access) -> Result<MemoryRegion, TransportError> {
-        Err(no("no memory"))
-    }
-    fn deregister(&mut self, _: u64) -> Result<(), TransportError> {
-        Ok(())
-    }
-    unsafe fn post(&mut self, _: &WorkRequest<'_>) -> Result<Posted, PostError> {
-        Err(PostError::Again)
-    }
-    fn poll(&mut self, _: &mut Vec<Completion>, _: usize) -> usize {
-        0
-    }
-    fn wait(&mut self, _: Duration) {}
-    fn notifier(&self) -> Arc<dyn Notify> {
-        Arc::new(Quiet)
-    }
-}
-
-/// A reactor whose transport refuses everything.
+/// A reactor over a scripted transport with no peers (see `scripted`).
 pub(super) fn reactor() -> Reactor {
-    let caps = Caps {
-        provider: "nothing".into(),
-        max_msg_size: 1 << 20,
-        inject_size: 0,
-        iov_limit: 1,
-        cq_data_size: 0,
-        tx_depth: 16,
-        rx_depth: 16,
-        wait_fd: false,
-        silent_refusals: false,
-        rails: 1,
-        rail_numa: vec![None],
-    };
+    let script = super::scripted::Script::default();
     let (_tx, rx) = std::sync::mpsc::channel();
     Reactor::new(
-        Box::new(Nothing(caps)),
+        script.transport(1 << 20),
         rx,
         Default::default(),
         Default::default(),
