@@ -1,7 +1,7 @@
 //! Verbs-only behaviour on a real verbs device (rxe0 inside the Soft-RoCE VM:
 //! `scripts/test-verbs.sh`). Where the host has no device, each test says so and checks only
 //! that the backend refuses plainly: no device is faked.
-use rdmalane::transport::{Access, Completion, WrKind};
+use rdmalane::backend::{Access, Completion, WrKind};
 use rdmalane::{Error, RemoteBuf, Runtime};
 use rdmalane_conformance::{bounded, pair, pattern, runtime, share};
 use rdmalane_efa::raw::RawEngine;

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use rdmalane::transport::{Access, Completion, PostError, WrKind};
+use rdmalane::backend::{Access, Completion, PostError, WrKind};
 
 use crate::cli::{Common, Engine};
 use crate::conn::{serve_each, with_server, BoxErr, CpuMeter, RawConn, RtConn};

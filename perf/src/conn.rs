@@ -6,7 +6,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdmalane::transport::PeerAddr;
+use rdmalane::backend::PeerAddr;
 use rdmalane::{Driver, Endpoint, Listener, Runtime};
 use rdmalane_efa::raw::RawEngine;
 
@@ -189,7 +189,17 @@ fn tokio_rt() -> Result<tokio::runtime::Runtime, BoxErr> {
 }
 
 fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
-    build_rt_with(a, rdmalane::sched::SchedConfig::default(), 1, 1)
+    build_rt_with(a, sched_from_env(), 1, 1)
+}
+
+/// The scheduler's settings from the environment (`RDMALANE_CHUNK_SIZE`, ...) over the
+/// defaults; the benchmark's own flags go over these. A variable that does not parse ends the
+/// benchmark, naming it.
+pub fn sched_from_env() -> rdmalane::sched::SchedConfig {
+    rdmalane::sched::SchedConfig::from_env().unwrap_or_else(|e| {
+        eprintln!("rdmalane-perf: {e}");
+        std::process::exit(2)
+    })
 }
 
 /// A runtime for the benchmarks: by default the inline driver (the benchmark thread drives the

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use rdmalane::transport::{Access, Completion, PostError, Posted, WrKind};
+use rdmalane::backend::{Access, Completion, PostError, Posted, WrKind};
 use rdmalane::{Endpoint, Runtime};
 use rdmalane_wake::Cycles;
 

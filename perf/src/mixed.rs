@@ -25,7 +25,7 @@ pub fn sched_config(m: &Mixed) -> SchedConfig {
         Sched::Fair => Mode::Fair,
         Sched::Fifo => Mode::Fifo,
     };
-    let mut c = SchedConfig { mode, ..SchedConfig::default() };
+    let mut c = SchedConfig { mode, ..crate::conn::sched_from_env() };
     if let Some(v) = m.chunk_size {
         c.chunk_size = v;
     }

@@ -88,7 +88,7 @@ fn server_args(p: &PagesArgs) -> Vec<String> {
 }
 
 fn runtime(p: &PagesArgs) -> Result<rdmalane::Runtime, BoxErr> {
-    build_rt_with(&p.common, rdmalane::sched::SchedConfig::default(), 1, p.rails)
+    build_rt_with(&p.common, crate::conn::sched_from_env(), 1, p.rails)
 }
 
 /// Serve client after client; each one's CPU share is printed as it ends.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use rdmalane::transport::{
+use rdmalane::backend::{
     Access, Backend, Caps, Completion, LaneId, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
     TransportConfig, WorkRequest, WrKind,
 };

@@ -3,14 +3,14 @@ use std::fmt;
 
 use std::sync::Arc;
 
-use crate::batch::{Layout, Pieces};
+use crate::base::batch::{Layout, Pieces};
+use crate::base::error::{Error, OpKind};
+use crate::base::remote::RemoteBuf;
+use crate::base::transport::WrKind;
 use crate::buf::{IoBuf, IoBufMut};
-use crate::error::{Error, OpKind};
 use crate::op::Op;
 use crate::reactor::cmd::Draft;
-use crate::remote::RemoteBuf;
 use crate::runtime::{Runtime, Slots};
-use crate::transport::WrKind;
 
 /// A peer this runtime can exchange data with. Every operation takes its buffer by value and
 /// gives it back with the result: `let (res, buf) = ep.write_remote(buf, &remote).await;`.

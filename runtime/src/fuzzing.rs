@@ -29,5 +29,5 @@ pub fn descriptor(bytes: &[u8]) {
 
 /// Decode a stream of control-connection messages (what a peer sends after the handshake).
 pub fn control(bytes: &[u8]) {
-    let _ = crate::control::decode_all(bytes);
+    let _ = crate::base::control::decode_all(bytes);
 }

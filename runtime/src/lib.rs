@@ -12,37 +12,45 @@
 //! yet posted is withdrawn; a posted op keeps its buffer in the reactor until the completion
 //! arrives.
 //!
-//! Backends implement [`Transport`]: `rdmalane-efa` (libfabric: efa, shm, tcp;ofi_rxm) and
+//! Backends implement [`backend::Transport`]: `rdmalane-efa` (libfabric: efa, shm, tcp;ofi_rxm) and
 //! `rdmalane-verbs`.
-mod batch;
+mod base;
 mod bootstrap;
 pub mod buf;
-mod control;
+mod driver;
 mod endpoint;
-mod error;
-mod fanout;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
-mod imm;
 mod op;
 mod reactor;
 mod recv_stream;
-mod remote;
 mod runtime;
-pub mod sched;
-mod stats;
-pub mod topology;
-pub mod transport;
 
-pub use batch::{Piece, Pieces};
-pub use bootstrap::{Listener, Refusal, RefusalCounts, RefusalReason, Refusals, PROTOCOL_VERSION};
+pub use base::batch::{Piece, Pieces};
+pub use base::error::{BufResult, Error, FailureClass, OpKind, Result, TransportError};
+pub use base::imm::{ImmEvent, NextImm, WaitImm};
+pub use base::refusal::{Refusal, RefusalCounts, RefusalReason, Refusals};
+pub use base::remote::RemoteBuf;
+pub use base::stats::Stats;
+pub use base::transport::{Access, Backend, Caps};
+pub use base::MAX_RAILS;
+pub use bootstrap::{Listener, PROTOCOL_VERSION};
 pub use buf::{CacheStats, ExposedBuf, IoBuf, IoBufMut, RegisteredBuf, SharedBuf, Slice};
 pub use endpoint::Endpoint;
-pub use error::{BufResult, Error, FailureClass, OpKind, Result, TransportError};
-pub use imm::{ImmEvent, NextImm, WaitImm};
 pub use op::Op;
 pub use recv_stream::{RecvMsg, RecvStream};
-pub use remote::RemoteBuf;
-pub use runtime::{Builder, Driver, Runtime, WeakRuntime, MAX_RAILS};
-pub use stats::Stats;
-pub use transport::{Access, Backend, Caps, Transport, TransportConfig};
+pub use runtime::{Builder, Driver, Runtime, WeakRuntime};
+
+/// The fair-share scheduler's settings (the scheduler itself is the reactor's).
+pub mod sched {
+    pub use crate::base::sched::{Class, Mode, SchedConfig, Stripe, TenantId};
+}
+
+/// What a backend (a transport implementation such as `rdmalane-efa` or `rdmalane-verbs`)
+/// needs: the interface it implements, the types it exchanges with the reactor, and the
+/// helpers it shares with the runtime. Applications do not need this module.
+pub mod backend {
+    pub use crate::base::topology::device_numa_node;
+    pub use crate::base::transport::*;
+}

@@ -8,9 +8,9 @@ use std::task::{Context, Poll};
 
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 
+use crate::base::error::{Error, OpKind, Result};
 use crate::buf::RegisteredBuf;
 use crate::endpoint::Endpoint;
-use crate::error::{Error, OpKind, Result};
 use crate::op::Op;
 
 type Returned = Arc<Mutex<Vec<RegisteredBuf>>>;

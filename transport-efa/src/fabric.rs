@@ -5,7 +5,7 @@ use std::ptr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdmalane::transport::{
+use rdmalane::backend::{
     Access, Caps, Completion, LaneId, LocalSeg, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
     WorkRequest, WrKind,
 };
@@ -110,8 +110,8 @@ impl FabricTransport {
     pub fn open(provider: Option<&str>, node: Option<&str>, wait_fd: bool) -> Result<FabricTransport> {
         let nodes = [node.map(String::from)];
         let mut t =
-            Self::open_rails(provider, &nodes, &[0], wait_fd, rdmalane::transport::trust_local_peers_env())?;
-        t.space_polls(rdmalane::transport::poll_spacing_env());
+            Self::open_rails(provider, &nodes, &[0], wait_fd, rdmalane::backend::trust_local_peers_env())?;
+        t.space_polls(rdmalane::backend::poll_spacing_env());
         Ok(t)
     }
 
@@ -382,7 +382,7 @@ impl FabricTransport {
     /// The context for request `id`: one per slot (the low bits of the id, reused only after
     /// the slot's request completed), stamped with the whole id.
     fn ctx(&mut self, id: u64) -> *mut std::ffi::c_void {
-        let i = (id & rdmalane::transport::WR_SLOT_MASK) as usize;
+        let i = (id & rdmalane::backend::WR_SLOT_MASK) as usize;
         while self.ctxs.len() <= i {
             self.ctxs.push(Box::new(Ctx { fi: ffi::fi_context2::default(), id: 0 }));
         }
@@ -975,5 +975,5 @@ fn numa_of(info: &ffi::fi_info) -> Option<usize> {
     };
     // efa domains are named after the device with a suffix: rdmap16s27-rdm.
     let dev = name.split('-').next().unwrap_or(&name);
-    rdmalane::topology::device_numa_node(dev)
+    rdmalane::backend::device_numa_node(dev)
 }

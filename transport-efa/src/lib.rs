@@ -25,7 +25,7 @@ mod util;
 pub use fabric::FabricTransport;
 pub use info::provider_string;
 
-use rdmalane::transport::{Backend, Transport, TransportConfig};
+use rdmalane::backend::{Backend, Transport, TransportConfig};
 
 /// The libfabric version the bindings were generated from.
 pub const HEADER_VERSION: &str = env!("RDMALANE_FI_HEADER_VERSION");

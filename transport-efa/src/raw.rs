@@ -4,10 +4,10 @@
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
-use rdmalane::transport::{
+use rdmalane::backend::{
     Access, Completion, LaneId, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport,
 };
-use rdmalane::transport::{WorkRequest, WrKind};
+use rdmalane::backend::{WorkRequest, WrKind};
 use rdmalane::{Error, OpKind, Result};
 
 use crate::FabricTransport;

@@ -2,7 +2,7 @@
 //! completion there: the transport counts them, so an idle reactor knows to keep polling.
 use std::time::{Duration, Instant};
 
-use rdmalane::transport::{Access, Completion, PostError, WrKind};
+use rdmalane::backend::{Access, Completion, PostError, WrKind};
 use rdmalane_efa::raw::RawEngine;
 
 #[test]

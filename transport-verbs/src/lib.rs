@@ -27,7 +27,7 @@ pub mod transport;
 pub use device::{devices, DeviceSpec};
 pub use transport::VerbsTransport;
 
-use rdmalane::transport::{Backend, Transport, TransportConfig};
+use rdmalane::backend::{Backend, Transport, TransportConfig};
 use rdmalane::{Error, OpKind};
 
 /// The verbs [`Backend`]: pass it to `Runtime::builder().backend(..)`.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use rdma_sys::{
     ibv_comp_channel, ibv_mr, ibv_pd, ibv_send_flags as sf, ibv_wc, ibv_wc_opcode as op, ibv_wc_status,
 };
-use rdmalane::transport::{
+use rdmalane::backend::{
     Access, Caps, Completion, LaneId, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
     WorkRequest, WrKind, WR_SLOT_MASK,
 };
@@ -110,7 +110,7 @@ impl VerbsTransport {
                 wait_fd: false,
                 silent_refusals: false,
                 rails: 1,
-                rail_numa: vec![rdmalane::topology::device_numa_node(&dev.name)],
+                rail_numa: vec![rdmalane::backend::device_numa_node(&dev.name)],
             },
             qp_caps: QpCaps { send_wr: depth, recv_wr: depth, sge, inline: INLINE_WANTED, rd_atom },
             pending: Vec::with_capacity(POST_LIST),

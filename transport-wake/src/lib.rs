@@ -7,7 +7,7 @@ pub use cycles::{ticks, Cycles};
 use std::io;
 use std::time::Duration;
 
-use rdmalane::transport::Notify;
+use rdmalane::backend::Notify;
 
 /// An eventfd, closed on drop; it is the transport's [`Notify`].
 pub struct EventFd(i32);

@@ -12,10 +12,10 @@ use tokio::net::TcpStream;
 
 use super::handshake::{Handshake, Local, Next};
 use super::hello::MAX_NAME;
-use super::refusal::{Failure, RefusalReason};
 use super::watch::watch_peer;
+use crate::base::error::Error;
+use crate::base::refusal::{Failure, RefusalReason};
 use crate::endpoint::Endpoint;
-use crate::error::Error;
 use crate::runtime::{Lane, Runtime, Slots};
 
 /// How a handshake driven here ended, when it did not end in a peer.

@@ -19,8 +19,10 @@
 //! [`peer_added`](Handshake::peer_added) — until it says `Done` or fails.
 use std::sync::Arc;
 
-use super::hello::{Hello, HelloReader, MAX_LANES};
-use super::refusal::{Failure, RefusalReason};
+#[cfg(any(test, feature = "fuzzing"))]
+use super::hello::MAX_LANES;
+use super::hello::{Hello, HelloReader};
+use crate::base::refusal::{Failure, RefusalReason};
 
 /// The ready mark that ends the handshake.
 pub(super) const READY: u8 = 0x52;
@@ -285,6 +287,7 @@ fn prove(secret: &[u8], their_nonce: &[u8; 32], my_nonce: &[u8; 32], my_id: u64)
 /// request at once: what the fuzz target runs. Checks what must hold whatever the bytes: no
 /// read asks for more than a field's limit, the acceptor never sends more than its hello, a
 /// proof and the ready mark, and it never finishes without the bytes of a whole handshake.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn drive_acceptor_with(bytes: &[u8], cuts: &[u8], secret: Option<&[u8]>) -> Result<(), Failure> {
     const PROVIDER: &str = "tcp;ofi_rxm";
     // Magic, version, id, nonce, flags, rails, provider length, lane count; a lane address's

@@ -3,7 +3,7 @@
 //! field from a stranger's bytes, refusing anything malformed before it allocates more than one
 //! field's limit, and asking for exactly the bytes the next field needs (the socket is never
 //! read past the handshake).
-use super::refusal::{Failure, RefusalReason};
+use crate::base::refusal::{Failure, RefusalReason};
 
 pub(super) const MAGIC: &[u8; 4] = b"RDLN";
 
@@ -187,8 +187,8 @@ impl HelloReader {
                 Field::Rails
             }
             Field::Rails => {
-                if b[0] == 0 || b[0] as usize > crate::runtime::MAX_RAILS {
-                    return Err(bad(format!("{} rails (1 to {})", b[0], crate::runtime::MAX_RAILS)));
+                if b[0] == 0 || b[0] as usize > crate::base::MAX_RAILS {
+                    return Err(bad(format!("{} rails (1 to {})", b[0], crate::base::MAX_RAILS)));
                 }
                 self.hello.rails = b[0];
                 Field::ProviderLen
@@ -245,6 +245,7 @@ impl HelloReader {
 
 /// Decode one hello from `bytes` as a listener reads it from a socket: the fuzz target and the
 /// property tests drive the real decoder through this. Returns the lane addresses.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn decode_hello(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
     let mut r = HelloReader::default();
     let mut rest = bytes;

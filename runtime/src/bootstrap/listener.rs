@@ -20,9 +20,9 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::task::{AbortHandle, JoinSet};
 
 use super::drive::{drive, DriveError, Progress, Side};
-use super::refusal::{Failure, Refusal, RefusalLog, RefusalReason, Refusals, REFUSALS_KEPT};
+use crate::base::error::{Error, OpKind, Result};
+use crate::base::refusal::{Failure, Refusal, RefusalLog, RefusalReason, Refusals, REFUSALS_KEPT};
 use crate::endpoint::Endpoint;
-use crate::error::{Error, OpKind, Result};
 use crate::runtime::Runtime;
 
 /// Peers whose handshake finished and that wait for `accept()`; past this, finished handshakes

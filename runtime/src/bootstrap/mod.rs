@@ -12,20 +12,19 @@ mod drive;
 mod handshake;
 mod hello;
 mod listener;
-mod refusal;
 mod watch;
 
 use tokio::net::{TcpStream, ToSocketAddrs};
 
+#[cfg(feature = "fuzzing")]
 pub(crate) use handshake::drive_acceptor_with;
+#[cfg(feature = "fuzzing")]
 pub(crate) use hello::decode_hello;
 pub use hello::PROTOCOL_VERSION;
 pub use listener::Listener;
-pub(crate) use refusal::RefusalCounters;
-pub use refusal::{Refusal, RefusalCounts, RefusalReason, Refusals};
 
+use crate::base::error::{Error, OpKind, Result};
 use crate::endpoint::Endpoint;
-use crate::error::{Error, OpKind, Result};
 use crate::runtime::Runtime;
 use drive::{drive, DriveError, LanesGuard, Side};
 use hello::MAX_LANES;

@@ -6,7 +6,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::control::Ctl;
+use crate::base::control::Ctl;
 use crate::runtime::{Runtime, Slots};
 
 /// The control socket stays open for the endpoint's life: it carries what the reactor has to

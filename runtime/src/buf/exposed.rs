@@ -1,10 +1,10 @@
 use std::fmt;
 
 use super::IoBuf;
-use crate::error::{Error, OpKind, Result};
-use crate::remote::RemoteBuf;
+use crate::base::error::{Error, OpKind, Result};
+use crate::base::remote::RemoteBuf;
+use crate::base::transport::{Access, MemoryRegion};
 use crate::runtime::Runtime;
-use crate::transport::{Access, MemoryRegion};
 
 /// A buffer peers may reach with one-sided reads or writes, as the access it was exposed with
 /// allows. Hand [`descriptor`](Self::descriptor) to a peer; [`revoke`](Self::revoke) takes the
@@ -78,5 +78,13 @@ impl<B: IoBuf> Drop for ExposedBuf<B> {
 impl<B: IoBuf> fmt::Debug for ExposedBuf<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExposedBuf").field("descriptor", &self.desc).finish()
+    }
+}
+
+impl Runtime {
+    /// Let peers reach `buf` with the given access; the result carries the descriptor to hand
+    /// them.
+    pub fn expose<B: IoBuf>(&self, buf: B, access: Access) -> Result<ExposedBuf<B>> {
+        ExposedBuf::new(self, buf, access)
     }
 }

@@ -1,4 +1,4 @@
-use crate::transport::LocalSeg;
+use crate::base::transport::LocalSeg;
 
 /// A buffer an operation can take by value: registered memory with a stable address.
 ///

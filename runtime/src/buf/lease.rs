@@ -1,8 +1,8 @@
 //! The two places raw memory is handed to a transport. Their callers (the reactor) uphold the
 //! ownership rule: an op's buffer stays alive, in its future or (once the future is dropped) in
 //! its op cell, until the completion arrives.
-use crate::error::TransportError;
-use crate::transport::{Access, MemoryRegion, PostError, Posted, Transport, WorkRequest};
+use crate::base::error::TransportError;
+use crate::base::transport::{Access, MemoryRegion, PostError, Posted, Transport, WorkRequest};
 
 /// Post a work request whose memory the reactor keeps alive in its in-flight table.
 pub(crate) fn post(t: &mut dyn Transport, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {

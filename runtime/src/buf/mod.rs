@@ -1,7 +1,7 @@
 //! Memory the NIC may touch: registered buffers, slices of them, regions exposed to peers, and
 //! the few calls that hand raw addresses to a transport. All of rdmalane's `unsafe` outside the
 //! transport crates lives here.
-pub(crate) mod cache;
+mod cache;
 mod exposed;
 mod iobuf;
 pub(crate) mod lease;

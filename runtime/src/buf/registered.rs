@@ -6,9 +6,9 @@ use std::ptr::NonNull;
 use bytes::BytesMut;
 
 use super::{IoBuf, IoBufMut, Slice};
-use crate::error::{Error, OpKind, Result};
+use crate::base::error::{Error, OpKind, Result};
+use crate::base::transport::{Access, LocalSeg, MemoryRegion};
 use crate::runtime::Runtime;
-use crate::transport::{Access, LocalSeg, MemoryRegion};
 
 /// Where a registered buffer's bytes live. Each keeps its heap memory at one address.
 enum Storage {
@@ -175,3 +175,10 @@ unsafe impl IoBuf for RegisteredBuf {
 
 // SAFETY: the value owns the memory exclusively.
 unsafe impl IoBufMut for RegisteredBuf {}
+
+impl Runtime {
+    /// Allocate `len` zeroed bytes of registered memory.
+    pub fn alloc(&self, len: usize) -> Result<RegisteredBuf> {
+        RegisteredBuf::alloc(self, len)
+    }
+}

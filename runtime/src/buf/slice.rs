@@ -1,9 +1,9 @@
 use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 
 use super::{IoBuf, IoBufMut};
-use crate::error::{Error, OpKind, Result};
-use crate::remote::bounds;
-use crate::transport::LocalSeg;
+use crate::base::error::{Error, OpKind, Result};
+use crate::base::remote::bounds;
+use crate::base::transport::LocalSeg;
 
 /// A sub-range of a buffer, used as a buffer of its own (`buf.slice(64..128)`).
 #[derive(Debug)]

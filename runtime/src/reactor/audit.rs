@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{cell_key, Reactor};
-use crate::control::{Ctl, Verdict};
-use crate::error::{Error, FailureClass, OpKind};
-use crate::op::{Done, OpCell};
-use crate::transport::{Access, MemoryRegion, WrKind};
+use crate::base::control::{Ctl, Verdict};
+use crate::base::error::{Error, FailureClass, OpKind};
+use crate::base::transport::{Access, MemoryRegion, WrKind};
+use crate::reactor::cell::{Done, OpCell};
 
 /// A region peers may reach.
 struct Exposure {
@@ -277,7 +277,8 @@ impl Reactor {
     fn fail_silent(&mut self, slot: usize, id: u64, why: &str) {
         // The refused request's own failure first, so a batch names its piece (the peer's loss
         // would otherwise be the op's first error).
-        let f = self.inflight.get((id & crate::transport::WR_SLOT_MASK) as usize).filter(|f| f.id == id);
+        let f =
+            self.inflight.get((id & crate::base::transport::WR_SLOT_MASK) as usize).filter(|f| f.id == id);
         if let Some(c) = f.and_then(|f| f.chunk) {
             let e = Error::Transport {
                 op: f.map_or(OpKind::Write, |f| f.op),

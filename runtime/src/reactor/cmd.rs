@@ -5,12 +5,19 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::batch::Layout;
-use crate::control::Ctl;
-use crate::error::{OpKind, TransportError};
-use crate::op::OpCell;
-use crate::sched::{Class, TenantId};
-use crate::transport::{Access, LaneId, LocalSeg, MemoryRegion, WrKind};
+use crate::base::batch::Layout;
+use crate::base::control::Ctl;
+use crate::base::error::{OpKind, TransportError};
+use crate::base::sched::{Class, TenantId};
+use crate::base::transport::{Access, LaneId, LocalSeg, MemoryRegion, WrKind};
+use crate::reactor::cell::OpCell;
+
+/// A peer's slot in each group's reactor ([`NO_SLOT`] in a group that holds none of its lanes).
+/// (A thin pointer: ops carry it.)
+pub(crate) type Slots = Arc<Vec<usize>>;
+
+/// No slot: the group holds none of the peer's lanes.
+pub(crate) const NO_SLOT: usize = usize::MAX;
 
 /// One data operation, validated, waiting to be posted.
 pub(crate) struct OpReq {
@@ -31,7 +38,7 @@ pub(crate) struct OpReq {
     /// groups (a one-sided op whose descriptor has a key for each of the peer's rails, on a
     /// runtime with several groups); `None` otherwise. Taken by the runtime before the op
     /// reaches a reactor.
-    pub slots: Option<crate::runtime::Slots>,
+    pub slots: Option<crate::reactor::cmd::Slots>,
 }
 
 /// An op as its future holds it before submission: the request without its memory (the
@@ -45,7 +52,7 @@ pub(crate) struct Draft {
     pub class: Option<Class>,
     pub batch: Option<Arc<Layout>>,
     pub rail_keys: Option<Arc<[u64]>>,
-    pub slots: Option<crate::runtime::Slots>,
+    pub slots: Option<crate::reactor::cmd::Slots>,
 }
 
 impl Draft {

@@ -3,8 +3,9 @@
 //! completes op cells. One thread drives it at a time: its own pinned thread ([`thread`]) or a
 //! caller of `Runtime::block_on` (inline driver).
 mod audit;
+pub(crate) mod cell;
 pub(crate) mod cmd;
-pub(crate) mod inline;
+mod idle;
 mod rendezvous;
 #[cfg(test)]
 mod scripted;
@@ -12,7 +13,6 @@ mod scripted;
 mod testing;
 #[cfg(test)]
 mod tests;
-pub(crate) mod thread;
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -23,19 +23,19 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::batch::MAX_SGE;
-use crate::buf::lease;
-use crate::control::Ctl;
-use crate::error::{Error, FailureClass, OpKind, TransportError};
-use crate::imm::ImmQueue;
-use crate::op::{Done, OpCell};
-use crate::sched::{Chunk, Class, OpDone, OpId, OpSpec, SchedConfig, Scheduler};
-use crate::stats::Counters;
-use crate::transport::{
+use crate::base::batch::MAX_SGE;
+use crate::base::control::Ctl;
+use crate::base::error::{Error, FailureClass, OpKind, TransportError};
+use crate::base::imm::ImmQueue;
+use crate::base::sched::{Chunk, Class, OpDone, OpId, OpSpec, SchedConfig, Scheduler};
+use crate::base::stats::Counters;
+use crate::base::transport::{
     Completion, LaneId, LocalSeg, PeerAddr, PostError, Posted, Transport, WorkRequest, WrKind,
 };
+use crate::buf::lease;
+use crate::reactor::cell::{Done, OpCell};
 use cmd::{Cmd, Draft, OpReq};
-use thread::Idle;
+pub(crate) use idle::Idle;
 
 /// What became of an op posted at once ([`Reactor::post_at_once`]).
 pub(crate) enum AtOnce {
@@ -973,7 +973,7 @@ impl Reactor {
         let slot = self.inflight.insert(f);
         debug_assert_eq!(
             Some(slot as u64),
-            self.inflight.get(slot).map(|f| f.id & crate::transport::WR_SLOT_MASK)
+            self.inflight.get(slot).map(|f| f.id & crate::base::transport::WR_SLOT_MASK)
         );
     }
 
@@ -1015,7 +1015,7 @@ impl Reactor {
     }
 
     fn complete(&mut self, id: u64, len: usize, imm: Option<u64>, status: Result<(), TransportError>) {
-        let slot = (id & crate::transport::WR_SLOT_MASK) as usize;
+        let slot = (id & crate::base::transport::WR_SLOT_MASK) as usize;
         if self.inflight.get(slot).is_none_or(|f| f.id != id) {
             // A completion from a lane closed since (its request was failed then).
             tracing::debug!(id, "stale completion ignored");

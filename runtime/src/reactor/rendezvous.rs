@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{cell_key, resolve, Reactor};
-use crate::control::{Ctl, Pulled};
-use crate::error::{Error, FailureClass, OpKind};
-use crate::op::{Done, OpCell};
-use crate::remote::RemoteBuf;
-use crate::sched::Class;
-use crate::transport::{Access, LocalSeg, WrKind};
+use crate::base::control::{Ctl, Pulled};
+use crate::base::error::{Error, FailureClass, OpKind};
+use crate::base::remote::RemoteBuf;
+use crate::base::sched::Class;
+use crate::base::transport::{Access, LocalSeg, WrKind};
+use crate::reactor::cell::{Done, OpCell};
 
 use super::cmd::OpReq;
 
@@ -118,7 +118,7 @@ impl Reactor {
     pub(super) fn offer(&mut self, mut req: OpReq) -> Option<OpReq> {
         if req.cell.abandoned(1) {
             // Its future is gone and nothing was posted: withdraw it, as any op.
-            crate::stats::Counters::add(&self.counters.withdrawn);
+            crate::base::stats::Counters::add(&self.counters.withdrawn);
             return None;
         }
         let len = req.seg.len;
@@ -372,7 +372,7 @@ impl Reactor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::Verdict;
+    use crate::base::control::Verdict;
     use crate::reactor::testing::{cancelled, peer, reactor};
 
     #[test]

@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::error::{FailureClass, TransportError};
-use crate::transport::{
+use crate::base::error::{FailureClass, TransportError};
+use crate::base::transport::{
     Access, Caps, Completion, LaneId, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
     WorkRequest, WrKind,
 };

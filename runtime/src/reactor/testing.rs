@@ -6,8 +6,8 @@ use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::{Peer, Reactor};
-use crate::control::Ctl;
-use crate::error::{Error, FailureClass, OpKind, TransportError};
+use crate::base::control::Ctl;
+use crate::base::error::{Error, FailureClass, OpKind, TransportError};
 
 /// A reactor over a scripted transport with no peers (see `scripted`).
 pub(super) fn reactor() -> Reactor {

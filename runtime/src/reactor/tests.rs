@@ -10,12 +10,12 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::scripted::{failure, Answer, Script};
 use super::{Cmd, OpReq, Phase, Reactor};
-use crate::control::{Ctl, Pulled, Verdict};
-use crate::error::{Error, FailureClass, OpKind};
-use crate::op::OpCell;
-use crate::sched::SchedConfig;
-use crate::stats::Counters;
-use crate::transport::{LocalSeg, WrKind};
+use crate::base::control::{Ctl, Pulled, Verdict};
+use crate::base::error::{Error, FailureClass, OpKind};
+use crate::base::sched::SchedConfig;
+use crate::base::stats::Counters;
+use crate::base::transport::{LocalSeg, WrKind};
+use crate::reactor::cell::OpCell;
 
 /// A reactor with one peer, over a scripted transport.
 struct Rig {
@@ -259,7 +259,7 @@ fn a_stale_completion_of_a_reused_slot_is_ignored() {
     let second = g.submit(OpKind::Send, WrKind::Send { imm: None }, 16);
     let next = g.script.pending()[0].id;
     assert_ne!(next, id, "a reused slot gets a new id");
-    assert_eq!(next & crate::transport::WR_SLOT_MASK, id & crate::transport::WR_SLOT_MASK);
+    assert_eq!(next & crate::base::transport::WR_SLOT_MASK, id & crate::base::transport::WR_SLOT_MASK);
     // A duplicate of the old completion (a provider bug, a lane closed late): ignored.
     g.r.complete(id, 16, None, Ok(()));
     assert!(second.outcome().is_none(), "the old id does not complete the new op");
@@ -365,7 +365,13 @@ fn a_receive_that_gets_a_marker_reads_the_offered_message_and_answers_the_sender
     let recv = g.submit(OpKind::Recv, WrKind::Recv, 256 << 10);
     let posted = g.script.pending();
     assert_eq!(posted[0].len, 64 << 10, "a receive posts what the provider takes");
-    let desc = crate::remote::RemoteBuf::new(0, 0x5000, 128 << 10, &[44], crate::transport::Access::READ);
+    let desc = crate::base::remote::RemoteBuf::new(
+        0,
+        0x5000,
+        128 << 10,
+        &[44],
+        crate::base::transport::Access::READ,
+    );
     g.r.on_control(g.slot, 7, Ctl::Offer { token: 3, desc });
     g.script.complete_with(posted[0].id, Some(0), Some(3), Ok(()));
     let mut reads = 0;

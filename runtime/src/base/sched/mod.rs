@@ -16,4 +16,4 @@ mod scheduler;
 mod tests;
 
 pub use config::{Class, Mode, SchedConfig, Stripe, TenantId};
-pub use scheduler::{Chunk, LaneId, OpDone, OpId, OpSpec, Scheduler};
+pub use scheduler::{Chunk, OpDone, OpId, OpSpec, Scheduler};

@@ -23,7 +23,7 @@ pub struct Stats {
     /// provider that cannot wake it (shm).
     pub kicks: u64,
     /// Handshakes this runtime's listeners refused, by reason.
-    pub refused: crate::RefusalCounts,
+    pub refused: crate::base::refusal::RefusalCounts,
 }
 
 #[derive(Default)]
@@ -37,7 +37,7 @@ pub(crate) struct Counters {
     /// Nanoseconds spent registering, from any thread.
     pub registration_ns: AtomicU64,
     /// Bytes posted per rail (ours), for striping checks and metrics.
-    pub rail_bytes: [AtomicU64; crate::runtime::MAX_RAILS],
+    pub rail_bytes: [AtomicU64; crate::base::MAX_RAILS],
     /// Ops refused on the submitting thread (runtime shut down): counted as submitted and
     /// failed. Written by any thread, so kept apart from the reactor's own counters.
     pub rejected: AtomicU64,

@@ -1,3 +1,6 @@
+use crate::base::error::Result;
+use crate::base::vars::{invalid, parse};
+
 /// A tenant: the unit fair share is computed over.
 pub type TenantId = u32;
 
@@ -99,54 +102,58 @@ impl Default for SchedConfig {
 }
 
 impl SchedConfig {
-    /// The defaults with overrides from `RDMALANE_SCHEDULER` (`fair`|`fifo`),
-    /// `RDMALANE_CHUNK_SIZE`, `RDMALANE_LATENCY_THRESHOLD`, `RDMALANE_LANE_BYTES`,
-    /// `RDMALANE_TENANT_BYTES`, `RDMALANE_NIC_BYTES`, `RDMALANE_MIN_BULK_SHARE`,
-    /// `RDMALANE_POST_BATCH`, `RDMALANE_STRIPE` (`rr`|`bytes`).
-    pub fn from_env() -> SchedConfig {
-        let mut c = SchedConfig::default();
-        c.apply_env();
-        c
+    /// The defaults with the environment's overrides (see `from_vars`, whose variables they
+    /// are): what `Builder` uses when no `scheduler` is set. A variable that does not parse is
+    /// an error naming it.
+    pub fn from_env() -> Result<SchedConfig> {
+        SchedConfig::from_vars(&|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
     }
 
-    /// Apply the environment overrides to `self`.
-    pub fn apply_env(&mut self) {
-        let num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-        if let Ok(m) = std::env::var("RDMALANE_SCHEDULER") {
-            match m.as_str() {
-                "fifo" => self.mode = Mode::Fifo,
-                "fair" => self.mode = Mode::Fair,
-                other => tracing::warn!(value = other, "RDMALANE_SCHEDULER is fair or fifo; ignored"),
-            }
+    /// The scheduler's defaults with the environment's overrides: `RDMALANE_SCHEDULER`
+    /// (`fair`|`fifo`), `RDMALANE_CHUNK_SIZE`, `RDMALANE_LATENCY_THRESHOLD`, `RDMALANE_LANE_BYTES`,
+    /// `RDMALANE_TENANT_BYTES`, `RDMALANE_NIC_BYTES`, `RDMALANE_POST_BATCH`, `RDMALANE_STRIPE`
+    /// (`rr`|`bytes`), `RDMALANE_MIN_BULK_SHARE` (0 to 1).
+    pub(crate) fn from_vars(var: &dyn Fn(&str) -> Option<String>) -> Result<SchedConfig> {
+        let mut c = SchedConfig::default();
+        let num = |name: &str| parse::<usize>(name, var(name), "a count of bytes");
+        if let Some(m) = var("RDMALANE_SCHEDULER") {
+            c.mode = match m.trim() {
+                "fifo" => Mode::Fifo,
+                "fair" => Mode::Fair,
+                other => return Err(invalid(format!("RDMALANE_SCHEDULER={other}: want fair or fifo"))),
+            };
         }
-        if let Some(v) = num("RDMALANE_CHUNK_SIZE") {
-            self.chunk_size = v.max(1);
+        if let Some(v) = num("RDMALANE_CHUNK_SIZE")? {
+            c.chunk_size = v.max(1);
         }
-        if let Some(v) = num("RDMALANE_LATENCY_THRESHOLD") {
-            self.latency_threshold = v;
+        if let Some(v) = num("RDMALANE_LATENCY_THRESHOLD")? {
+            c.latency_threshold = v;
         }
-        if let Some(v) = num("RDMALANE_LANE_BYTES") {
-            self.lane_bytes = v.max(1);
+        if let Some(v) = num("RDMALANE_LANE_BYTES")? {
+            c.lane_bytes = v.max(1);
         }
-        if let Some(v) = num("RDMALANE_TENANT_BYTES") {
-            self.tenant_bytes = v.max(1);
+        if let Some(v) = num("RDMALANE_TENANT_BYTES")? {
+            c.tenant_bytes = v.max(1);
         }
-        if let Some(v) = num("RDMALANE_NIC_BYTES") {
-            self.nic_bytes = v.max(1);
+        if let Some(v) = num("RDMALANE_NIC_BYTES")? {
+            c.nic_bytes = v.max(1);
         }
-        if let Some(v) = num("RDMALANE_POST_BATCH") {
-            self.post_batch = v.max(1);
+        if let Some(v) = parse::<usize>("RDMALANE_POST_BATCH", var("RDMALANE_POST_BATCH"), "a count")? {
+            c.post_batch = v.max(1);
         }
-        if let Ok(m) = std::env::var("RDMALANE_STRIPE") {
-            match m.as_str() {
-                "rr" | "round-robin" => self.stripe = Stripe::RoundRobin,
-                "bytes" => self.stripe = Stripe::Bytes,
-                other => tracing::warn!(value = other, "RDMALANE_STRIPE is rr or bytes; ignored"),
-            }
+        if let Some(m) = var("RDMALANE_STRIPE") {
+            c.stripe = match m.trim() {
+                "rr" | "round-robin" => Stripe::RoundRobin,
+                "bytes" => Stripe::Bytes,
+                other => return Err(invalid(format!("RDMALANE_STRIPE={other}: want rr or bytes"))),
+            };
         }
-        if let Some(v) = std::env::var("RDMALANE_MIN_BULK_SHARE").ok().and_then(|v| v.parse::<f64>().ok()) {
-            self.min_bulk_share = v.clamp(0.0, 1.0);
+        if let Some(v) =
+            parse::<f64>("RDMALANE_MIN_BULK_SHARE", var("RDMALANE_MIN_BULK_SHARE"), "a share from 0 to 1")?
+        {
+            c.min_bulk_share = v.clamp(0.0, 1.0);
         }
+        Ok(c)
     }
 
     /// The class an op of `len` bytes gets when the caller names none.

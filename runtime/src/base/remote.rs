@@ -2,8 +2,8 @@
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use crate::error::{Error, OpKind, Result};
-use crate::transport::Access;
+use crate::base::error::{Error, OpKind, Result};
+use crate::base::transport::Access;
 
 const MAGIC: [u8; 4] = *b"RLRB";
 const VERSION: u8 = 1;
@@ -26,7 +26,7 @@ impl RemoteBuf {
     /// The encoded size of a one-rail descriptor.
     pub const ENCODED_LEN: usize = 4 + 1 + 1 + 2 + 8 * 4;
     /// The largest encoded size (a descriptor with a key on each of `MAX_RAILS` rails).
-    pub const MAX_ENCODED_LEN: usize = Self::ENCODED_LEN + 8 * (crate::runtime::MAX_RAILS - 1);
+    pub const MAX_ENCODED_LEN: usize = Self::ENCODED_LEN + 8 * (crate::base::MAX_RAILS - 1);
 
     pub(crate) fn new(owner: u64, addr: u64, len: u64, keys: &[u64], access: Access) -> RemoteBuf {
         let rail_keys = (keys.len() > 1).then(|| keys[1..].into());
@@ -132,8 +132,8 @@ impl RemoteBuf {
             return Err(bad("unknown flags"));
         }
         let extra = u16::from_le_bytes([b[6], b[7]]) as usize;
-        if extra + 1 > crate::runtime::MAX_RAILS {
-            return Err(bad(&format!("{} rails (at most {})", extra + 1, crate::runtime::MAX_RAILS)));
+        if extra + 1 > crate::base::MAX_RAILS {
+            return Err(bad(&format!("{} rails (at most {})", extra + 1, crate::base::MAX_RAILS)));
         }
         if b.len() != Self::ENCODED_LEN + 8 * extra {
             return Err(bad(&format!(

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
-use crate::error::Error;
+use crate::base::error::Error;
 
 /// What a finished op reports besides its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,7 +329,7 @@ impl Part {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::OpKind;
+    use crate::base::error::OpKind;
 
     #[test]
     fn a_fanned_out_op_completes_with_its_last_part_and_names_the_whole_batch_piece() {

@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 
+use super::scheduler::LaneId;
 use super::*;
 
 fn cfg() -> SchedConfig {

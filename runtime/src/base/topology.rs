@@ -19,12 +19,7 @@ pub fn device_numa_node(dev: &str) -> Option<usize> {
 /// Where the kernel's NUMA nodes are described.
 const NODES: &str = "/sys/devices/system/node";
 
-/// The NUMA nodes of this host (`/sys/devices/system/node/node*`); `[0]` when sysfs says
-/// nothing.
-pub fn numa_nodes() -> Vec<usize> {
-    numa_nodes_at(Path::new(NODES))
-}
-
+/// The NUMA nodes described under `root` (`node*`); `[0]` when it says nothing.
 fn numa_nodes_at(root: &Path) -> Vec<usize> {
     let mut nodes: Vec<usize> = fs::read_dir(root)
         .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("node")?.parse().ok()).collect())
@@ -36,11 +31,7 @@ fn numa_nodes_at(root: &Path) -> Vec<usize> {
     nodes
 }
 
-/// The cores of NUMA node `node` (its `cpulist`, e.g. `0-15,32-47`).
-pub fn node_cpus(node: usize) -> Vec<usize> {
-    node_cpus_at(Path::new(NODES), node)
-}
-
+/// The cores of NUMA node `node` under `root` (its `cpulist`, e.g. `0-15,32-47`).
 fn node_cpus_at(root: &Path, node: usize) -> Vec<usize> {
     fs::read_to_string(root.join(format!("node{node}/cpulist")))
         .map(|s| parse_cpulist(&s))
@@ -186,7 +177,7 @@ mod tests {
 
     #[test]
     fn this_host_has_a_node_and_cores() {
-        let nodes = numa_nodes();
+        let nodes = numa_nodes_at(Path::new(NODES));
         assert!(!nodes.is_empty());
         assert_eq!(device_numa_node("../../etc"), None);
     }

@@ -3,20 +3,20 @@
 //! dropped while the op is posted, the buffer moves into the cell, which the reactor keeps until
 //! the completion (io_uring's "Ignored" state); if the op was never posted, the reactor sees it
 //! is the cell's only holder and withdraws it.
-pub(crate) mod cell;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::base::error::{BufResult, Error};
+use crate::base::sched::{Class, TenantId};
 use crate::buf::IoBuf;
-use crate::error::{BufResult, Error};
+use crate::driver::inline;
+use crate::reactor::cell::{Done, OpCell};
 use crate::reactor::cmd::Draft;
 use crate::reactor::AtOnce;
 use crate::runtime::Runtime;
-use crate::sched::{Class, TenantId};
-pub(crate) use cell::{Done, OpCell};
 
 /// Kept small (an op moves by value through the caller's futures, and up to 128 bytes moves
 /// without a call to `memcpy`): the request's memory and cell are added when it is submitted,
@@ -126,14 +126,14 @@ impl<B: IoBuf> Op<B> {
         // queue then resolves this poll instead of a wake-up and a second trip through the
         // caller's futures. (Not before the first look: a turn can cost a provider's progress
         // call, which an op completed at posting does not need.)
-        if Runtime::turn_inline(rt) {
+        if inline::turn_inline(rt) {
             if let Some(o) = cell.outcome() {
                 return Some(o);
             }
         }
         // Awaited directly by the inline driver of this thread: it polls again when a parked
         // op completes, so no waker is stored or woken.
-        let done = if Runtime::drives_here(rt, cx) { cell.park() } else { cell.register(cx.waker()) };
+        let done = if inline::drives_here(rt, cx) { cell.park() } else { cell.register(cx.waker()) };
         if done {
             cell.outcome()
         } else {
@@ -150,7 +150,7 @@ impl<B: IoBuf> Future for Op<B> {
         // Every poll spends the budget, the first before submitting: an op that finishes as it
         // is posted (a small send the provider copies, now or at `start`) is never pending, so
         // the budget alone makes a loop of them yield to what it is joined with.
-        if !Runtime::coop_proceed() {
+        if !inline::coop_proceed() {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }

@@ -6,7 +6,7 @@
 //! neither make us allocate without bound nor stall us.
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::remote::RemoteBuf;
+use crate::base::remote::RemoteBuf;
 
 const HEARTBEAT: u8 = 0x48;
 const OFFER: u8 = 0x4F;
@@ -258,6 +258,7 @@ fn cut_reason(reason: &str) -> &str {
 
 /// Decode `bytes` as a stream of control messages until it ends or a message is malformed:
 /// the fuzz target and the property tests drive the real decoder through this.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn decode_all(mut bytes: &[u8]) -> Result<Vec<Ctl>, String> {
     futures::executor::block_on(async {
         let mut out = Vec::new();
@@ -276,7 +277,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::transport::Access;
+    use crate::base::transport::Access;
 
     fn offer(token: u32, len: u64, keys: &[u64]) -> Ctl {
         Ctl::Offer { token, desc: RemoteBuf::new(9, 4096, len, keys, Access::READ) }

@@ -4,8 +4,8 @@
 //! may not cut across.
 use std::sync::Arc;
 
-use crate::error::{Error, OpKind, Result};
-use crate::transport::LocalSeg;
+use crate::base::error::{Error, OpKind, Result};
+use crate::base::transport::LocalSeg;
 
 /// One contiguous piece of a batch: `len` bytes at offset `local` of the local buffer go to
 /// (or come from) offset `remote` of the remote region.

@@ -1,25 +1,12 @@
 //! The dedicated reactor thread: pinned to a core, busy-polls while ops are in flight, spins a
 //! little when idle, then sleeps on the transport's wait object (or short timed naps where the
 //! provider has none) until a submitter or the NIC wakes it.
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::Reactor;
-
-/// Flags the submitters and the reactor thread share.
-#[derive(Default)]
-pub(crate) struct Idle {
-    /// The reactor is (about to be) asleep: a submitter must notify.
-    pub sleeping: AtomicBool,
-    /// Stop after draining.
-    pub shutdown: AtomicBool,
-    /// The reactor has shut down.
-    pub stopped: AtomicBool,
-    /// Commands sent and not yet taken: lets the reactor skip the channel when it is empty.
-    pub commands: AtomicUsize,
-}
+use crate::reactor::{Idle, Reactor};
 
 /// How the thread idles.
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +85,6 @@ pub(crate) fn spawn(
                 nap = NAP_MIN;
             }
         }
-        reactor.shutdown(super::SHUTDOWN_LIMIT);
+        reactor.shutdown(crate::reactor::SHUTDOWN_LIMIT);
     })
 }

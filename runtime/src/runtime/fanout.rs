@@ -5,10 +5,10 @@
 //! requests (a part's failure still names the piece of the whole batch).
 use std::sync::Arc;
 
-use crate::op::OpCell;
+use crate::base::sched::Class;
+use crate::base::transport::{LocalSeg, WrKind};
+use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::OpReq;
-use crate::sched::Class;
-use crate::transport::{LocalSeg, WrKind};
 
 /// Parts are cut on multiples of this many bytes where the op is larger.
 const ALIGN: usize = 4096;
@@ -37,7 +37,7 @@ pub(crate) fn shares(len: usize, weights: &[usize]) -> Vec<(usize, usize)> {
 
 /// One group's share of an op: the group, the index of its first batch piece, its layout
 /// (a batch), or its byte range (a plain op).
-type Share = (usize, usize, Option<Arc<crate::batch::Layout>>, (usize, usize));
+type Share = (usize, usize, Option<Arc<crate::base::batch::Layout>>, (usize, usize));
 
 /// Cut `req` into one part per group with a share of it (see [`shares`]): `slots` are the
 /// peer's slots in each group, `weights` the groups' rails reaching it. Returns each part

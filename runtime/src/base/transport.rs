@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::TransportError;
+use crate::base::error::TransportError;
 
 /// A peer's address in the transport's address vector.
 pub type PeerAddr = u64;
@@ -262,7 +262,7 @@ pub trait Transport: Send {
 /// Opens transports; a backend crate provides one.
 pub trait Backend: Send + Sync {
     /// Open a transport for `config`.
-    fn open(&self, config: &TransportConfig) -> crate::Result<Box<dyn Transport>>;
+    fn open(&self, config: &TransportConfig) -> crate::base::error::Result<Box<dyn Transport>>;
 
     /// Whether this backend serves the provider (or device) name `provider`; the builder asks
     /// each backend it was given in turn.

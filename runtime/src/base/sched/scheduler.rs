@@ -172,6 +172,7 @@ impl Scheduler {
     }
 
     /// Ops known and not yet resolved.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.ops.len()
     }
@@ -179,11 +180,6 @@ impl Scheduler {
     /// True when no op is known.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
-    }
-
-    /// Work requests the scheduler has in flight.
-    pub fn inflight_wrs(&self) -> usize {
-        self.nic.wrs
     }
 
     /// Take an op. A zero-length op is resolved at once by the caller's first `next` (it

@@ -201,10 +201,10 @@ pub struct Refusals {
 }
 
 /// How many refusals the broadcast keeps for a slow watcher.
-pub(super) const REFUSALS_KEPT: usize = 1024;
+pub(crate) const REFUSALS_KEPT: usize = 1024;
 
 impl Refusals {
-    pub(super) fn new(rx: broadcast::Receiver<Refusal>) -> Refusals {
+    pub(crate) fn new(rx: broadcast::Receiver<Refusal>) -> Refusals {
         Refusals { rx, skipped: 0 }
     }
 
@@ -233,7 +233,7 @@ impl Refusals {
 /// Logs refusals at `warn` up to a few a second and the rest at `debug`, with a line that says
 /// how many were held back: a port scan or a flood is visible without filling the log.
 #[derive(Debug)]
-pub(super) struct RefusalLog {
+pub(crate) struct RefusalLog {
     window: Instant,
     in_window: u32,
     held_back: u64,
@@ -243,13 +243,13 @@ pub(super) struct RefusalLog {
 const WARN_PER_SEC: u32 = 10;
 
 impl RefusalLog {
-    pub(super) fn new(now: Instant) -> RefusalLog {
+    pub(crate) fn new(now: Instant) -> RefusalLog {
         RefusalLog { window: now, in_window: 0, held_back: 0 }
     }
 
     /// Whether this refusal goes out at `warn`; on the first of a new second, also how many
     /// the last window held back.
-    pub(super) fn admit(&mut self, now: Instant) -> (bool, Option<u64>) {
+    pub(crate) fn admit(&mut self, now: Instant) -> (bool, Option<u64>) {
         let mut summary = None;
         if now.duration_since(self.window) >= Duration::from_secs(1) {
             if self.held_back > 0 {
@@ -266,7 +266,7 @@ impl RefusalLog {
         (loud, summary)
     }
 
-    pub(super) fn log(&mut self, r: &Refusal) {
+    pub(crate) fn log(&mut self, r: &Refusal) {
         let (loud, summary) = self.admit(Instant::now());
         if let Some(n) = summary {
             tracing::warn!(

@@ -165,7 +165,7 @@ pub enum Error {
         /// The peer address.
         peer: String,
         /// Why, as a kind: wrong secret, other version, ...
-        why: crate::RefusalReason,
+        why: crate::base::refusal::RefusalReason,
         /// What exactly was wrong.
         reason: String,
     },

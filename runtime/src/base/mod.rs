@@ -1,0 +1,16 @@
+//! The leaves: what every layer above may use and which uses nothing above it. The backend
+//! interface, errors, the sans-IO scheduler, control messages, descriptors, counters.
+pub(crate) mod batch;
+pub(crate) mod control;
+pub(crate) mod error;
+pub(crate) mod imm;
+pub(crate) mod refusal;
+pub(crate) mod remote;
+pub(crate) mod sched;
+pub(crate) mod stats;
+pub(crate) mod topology;
+pub(crate) mod transport;
+pub(crate) mod vars;
+
+/// Most rails one runtime spans (a p5 host has 32 EFA NICs).
+pub const MAX_RAILS: usize = 32;

@@ -1,0 +1,370 @@
+//! The builder: what the application asks for, resolved once (see `settings`) into a running
+//! runtime: transports opened, one reactor per rail group, each on its driver.
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use slab::Slab;
+
+use super::mr_cache::MrCache;
+use super::settings::{self, RailGroups, Settings};
+use super::{Driver, Group, Inner, Runtime};
+use crate::base::error::{Error, OpKind, Result};
+use crate::base::imm::ImmQueue;
+use crate::base::refusal::RefusalCounters;
+use crate::base::sched::SchedConfig;
+use crate::base::stats::Counters;
+use crate::base::transport::{Backend, Caps, TransportConfig};
+use crate::driver::inline::Slot;
+use crate::driver::thread::{self, IdlePolicy};
+use crate::reactor::{Idle, Reactor};
+
+/// Configures and builds a [`Runtime`]. One rule decides each setting: what is set here beats
+/// the environment variable named in its doc (`RDMALANE_PROVIDER`, `RDMALANE_LANES`, ...),
+/// which beats the default. A variable that is set but does not parse fails `build` with an
+/// error naming it.
+pub struct Builder {
+    backends: Vec<Arc<dyn Backend>>,
+    settings: Settings,
+    driver: Driver,
+    idle: IdlePolicy,
+    connect_timeout: Duration,
+    max_handshakes: usize,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            backends: Vec::new(),
+            settings: Settings::default(),
+            driver: Driver::Thread,
+            idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(5) },
+            connect_timeout: Duration::from_secs(5),
+            max_handshakes: 256,
+        }
+    }
+}
+
+impl Builder {
+    /// A backend that may open the transport (e.g. `rdmalane_efa::Libfabric`,
+    /// `rdmalane_verbs::Verbs`). Called several times, the first backend that accepts the
+    /// provider name opens it, so one binary serves every fabric:
+    /// `.backend(Verbs).backend(Libfabric)` with `RDMALANE_PROVIDER=verbs` or `=efa`.
+    pub fn backend(mut self, backend: impl Backend + 'static) -> Self {
+        self.backends.push(Arc::new(backend));
+        self
+    }
+
+    /// Provider or device by name (`efa`, `shm`, `tcp`, `tcp;ofi_rxm`, ...; or
+    /// `RDMALANE_PROVIDER`). Unset: the backend's preference, logged.
+    pub fn provider(mut self, name: impl Into<String>) -> Self {
+        self.settings.provider = Some(name.into());
+        self
+    }
+
+    /// Local address to bind the fabric endpoint to (tcp needs one that peers can reach; or
+    /// `RDMALANE_NODE`).
+    pub fn node(mut self, node: impl Into<String>) -> Self {
+        self.settings.node = Some(node.into());
+        self
+    }
+
+    /// Pin the reactor thread to this core (or `RDMALANE_CORE`).
+    pub fn core(mut self, core: usize) -> Self {
+        self.settings.core = Some(core);
+        self
+    }
+
+    /// Who drives the reactor.
+    pub fn driver(mut self, driver: Driver) -> Self {
+        self.driver = driver;
+        self
+    }
+
+    /// How long an idle reactor thread busy-spins before it sleeps.
+    pub fn idle_spin(mut self, spin: Duration) -> Self {
+        self.idle.spin = spin;
+        self
+    }
+
+    /// Limit for establishing a connection (TCP connect plus handshake).
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Handshakes a listener runs at once (default 256, at least 1). At the cap a new
+    /// connection takes the place of the oldest one that has not sent a whole hello; when every
+    /// handshake is past its hello, the newcomer is refused. Both count as
+    /// [`RefusalReason::OverCap`](crate::RefusalReason::OverCap) in [`Stats::refused`](crate::Stats::refused).
+    pub fn max_handshakes(mut self, n: usize) -> Self {
+        self.max_handshakes = n.max(1);
+        self
+    }
+
+    /// A peer whose control connection stays silent this long (no heartbeat) is lost: its
+    /// pending ops fail with `Error::PeerLost`. Heartbeats go out three times per period.
+    /// Default 3 s, or `RDMALANE_PEER_TIMEOUT_MS` (slow debugging tools such as valgrind need
+    /// more); 30 ms at least.
+    pub fn peer_timeout(mut self, t: Duration) -> Self {
+        self.settings.peer_timeout = Some(t);
+        self
+    }
+
+    /// Require peers to prove they know `secret` (HMAC-SHA256 challenge-response in the
+    /// handshake, compared in constant time); peers that do not are refused. Unset here,
+    /// `RDMALANE_SECRET` is used when present.
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.settings.secret = Some(secret.as_ref().to_vec());
+        self
+    }
+
+    /// Lanes (transport endpoints, QPs) per peer, 1 to 64: bulk chunks rotate over them
+    /// (`RDMALANE_LANES` when unset here; default 1).
+    pub fn lanes(mut self, n: usize) -> Self {
+        self.settings.lanes = Some(n);
+        self
+    }
+
+    /// Span `n` rails (NICs or libfabric domains; `RDMALANE_RAILS` when unset here): every
+    /// registration is made on each, descriptors carry a key per rail, and bulk chunks stripe
+    /// over the lanes of all rails. tcp rails bind to 127.0.0.1, 127.0.0.2, ... unless
+    /// [`rail_nodes`](Self::rail_nodes) names them.
+    pub fn rails(mut self, n: usize) -> Self {
+        self.settings.rails = Some(n);
+        self
+    }
+
+    /// Split the rails among reactors, one per group, each on a thread of its own with a
+    /// transport of its own (`RDMALANE_RAIL_GROUPS=0,1;2,3` when unset here). Unset: one group
+    /// per NUMA node the rails' NICs sit on, its reactor pinned to a core of that node (one
+    /// group on a single-node host). Every rail belongs to one group. The group holding rail 0
+    /// carries messages and small ops; a bulk one-sided op (a write, a read, a batch) is split
+    /// across the groups in proportion to their rails. With [`Driver::Inline`] there is one
+    /// reactor, whatever the groups.
+    pub fn rail_groups<G: IntoIterator<Item = usize>>(mut self, groups: impl IntoIterator<Item = G>) -> Self {
+        self.settings.rail_groups = Some(groups.into_iter().map(|g| g.into_iter().collect()).collect());
+        self
+    }
+
+    /// Local addresses, one per rail (tcp: the NICs' addresses); at least as many rails as
+    /// addresses are spanned.
+    pub fn rail_nodes<S: Into<String>>(mut self, nodes: impl IntoIterator<Item = S>) -> Self {
+        self.settings.rail_nodes = nodes.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Trust peers on this host with this process's memory (or `RDMALANE_TRUST_LOCAL_PEERS=1`;
+    /// an explicit `false` beats the variable):
+    /// shm then lets their one-sided ops skip the target's checks of key, range and access,
+    /// about 4x faster for small ones, and a stale or forged descriptor (a revoked region, a
+    /// bug) writes wherever it points. Off by default: every one-sided op is checked.
+    pub fn trust_local_peers(mut self, trust: bool) -> Self {
+        self.settings.trust_local_peers = Some(trust);
+        self
+    }
+
+    /// Leave at least `every` between a completion-queue read that found nothing and the next
+    /// (or `RDMALANE_POLL_SPACING_NS`). A reader polling back to back slows a peer posting to
+    /// it where both take one lock (shm), so a little spacing makes round trips shorter there.
+    /// Default: the backend's (libfabric: 80 ns on shm and tcp; none on efa, where the NIC
+    /// writes completions); `Duration::ZERO` reads on every turn; at most 1 ms is taken. The
+    /// verbs backend reads on every turn and ignores it.
+    pub fn poll_spacing(mut self, every: Duration) -> Self {
+        self.settings.poll_spacing = Some(every);
+        self
+    }
+
+    /// Byte cap of the registration cache (`register_shared`): idle registrations beyond it are
+    /// dropped, least recently used first. Default 1 GiB, or `RDMALANE_MR_CACHE_BYTES`.
+    pub fn mr_cache_bytes(mut self, cap: usize) -> Self {
+        self.settings.mr_cache_bytes = Some(cap);
+        self
+    }
+
+    /// Treat `bytes` as the largest message the provider takes, when it is below the
+    /// provider's own limit (`RDMALANE_MAX_MESSAGE` when unset here): one-sided ops above it
+    /// are split (a write with an immediate value too: its last piece carries the value and
+    /// goes out once the rest has landed); a send above it goes by rendezvous (the receiver
+    /// reads it from the sender's buffer).
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.settings.max_message = Some(bytes);
+        self
+    }
+
+    /// Fair-share scheduler settings (chunk size, budgets, latency threshold, fifo mode), taken
+    /// whole. Unset here: the defaults, with the environment's overrides
+    /// ([`SchedConfig::from_env`]).
+    pub fn scheduler(mut self, cfg: SchedConfig) -> Self {
+        self.settings.sched = Some(cfg);
+        self
+    }
+
+    /// Open the transport and start the reactor.
+    pub fn build(self) -> Result<Runtime> {
+        if self.backends.is_empty() {
+            return Err(Error::invalid(OpKind::Open, "no backend: call .backend(rdmalane_efa::Libfabric)"));
+        }
+        let set = settings::resolve(&self.settings, &|name| std::env::var(name).ok())?;
+        let config = TransportConfig {
+            provider: set.provider.clone(),
+            node: set.node.clone(),
+            no_wait_object: self.driver == Driver::Inline,
+            rails: set.rails,
+            rail_nodes: self.settings.rail_nodes.clone(),
+            rail_ids: Vec::new(),
+            trust_local_peers: set.trust_local_peers,
+            poll_spacing: set.poll_spacing,
+        };
+        let backend = match config.provider.as_deref() {
+            None => self.backends[0].clone(),
+            Some(p) => self.backends.iter().find(|b| b.accepts(p)).cloned().ok_or_else(|| {
+                Error::invalid(
+                    OpKind::Open,
+                    format!("no backend given to the builder accepts provider '{p}'"),
+                )
+            })?,
+        };
+        let core_set = set.core;
+        let transport = backend.open(&config)?;
+        let lanes = set.lanes;
+        let mut caps = transport.caps().clone();
+        if let Some(cap) = set.max_message {
+            caps.max_msg_size = caps.max_msg_size.min(cap);
+        }
+        // With several rails, one bulk lane per rail at least (behind the express lane).
+        let lanes = if caps.rails > 1 { lanes.max(1 + caps.rails).min(64) } else { lanes };
+        caps.rails = caps.rails.max(1);
+        caps.rail_numa.resize(caps.rails, None);
+        let by_numa = |caps: &Caps| -> Vec<Vec<usize>> {
+            crate::base::topology::rail_groups(&caps.rail_numa).into_iter().map(|(_, rails)| rails).collect()
+        };
+        let mut groups = match set.rail_groups.clone() {
+            RailGroups::Explicit(g) => crate::base::topology::check_rail_groups(g, caps.rails)
+                .map_err(|why| Error::invalid(OpKind::Open, why))?,
+            RailGroups::Env(v) => groups_from_env(&v, caps.rails).unwrap_or_else(|| by_numa(&caps)),
+            RailGroups::Auto => by_numa(&caps),
+        };
+        if self.driver == Driver::Inline && groups.len() > 1 {
+            tracing::warn!(?groups, "the inline driver runs one reactor: the rail groups are merged");
+            groups = vec![(0..caps.rails).collect()];
+        }
+        // One transport per group: the one just opened serves a single group; several open
+        // their own shares of the rails (it is closed first, as they bind the same addresses).
+        let transports = if groups.len() == 1 {
+            vec![transport]
+        } else {
+            drop(transport);
+            let mut ts = Vec::with_capacity(groups.len());
+            for g in &groups {
+                let mut c = config.clone();
+                c.rails = g.len();
+                c.rail_ids = g.clone();
+                ts.push(backend.open(&c)?);
+            }
+            tracing::info!(?groups, "one reactor per rail group");
+            ts
+        };
+        let imm = Arc::new(ImmQueue::default());
+        let mut counters = Vec::with_capacity(groups.len());
+        let mut sched = set.sched.clone();
+        // Chunks must be messages the provider takes.
+        sched.max_message = caps.max_msg_size.max(1);
+        tracing::debug!(?sched, "scheduler");
+        let peer_timeout = set.peer_timeout;
+        let mut inline = None;
+        let mut started = Vec::with_capacity(groups.len());
+        let mut taken = Vec::new();
+        let drained = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for (g, (rails, transport)) in groups.iter().zip(transports).enumerate() {
+            let notifier = transport.notifier();
+            let (tx, rx) = mpsc::channel();
+            let idle = Arc::new(Idle::default());
+            // Unpinned by the caller: next to the group's NICs where the host has several NUMA
+            // nodes. A configured core is the first group's.
+            let core = match (g, core_set) {
+                (0, Some(c)) => Some(c),
+                _ => caps
+                    .rail_numa
+                    .get(rails[0])
+                    .copied()
+                    .flatten()
+                    .and_then(|node| crate::base::topology::reactor_core_for(node, &taken)),
+            };
+            taken.extend(core);
+            // Each reactor writes counters of its own (plain stores, no locked instructions).
+            counters.push(Arc::new(Counters::default()));
+            let mine = counters[g].clone();
+            let mut reactor = Reactor::new(transport, rx, imm.clone(), mine, idle.clone(), sched.clone());
+            reactor.set_peer_timeout(peer_timeout);
+            reactor.set_group(g, groups.len(), rails.clone(), drained.clone());
+            let (thread, thread_id) =
+                match self.driver {
+                    Driver::Inline => {
+                        inline = Some(Slot::new(reactor));
+                        (None, None)
+                    }
+                    Driver::Thread => {
+                        let mut policy = self.idle;
+                        if caps.wait_fd {
+                            // The CQ's fd wakes the thread for completions and the eventfd for
+                            // submissions and peer losses; the timeout only paces housekeeping
+                            // (expiring unanswered control questions, which wait 10 s at least).
+                            // Each wake costs: at 50 ms an idle verbs reactor in the emulated VM
+                            // used up to 2.3% of a core.
+                            policy.max_sleep = Duration::from_millis(100);
+                        }
+                        let h = thread::spawn(reactor, g, core, idle.clone(), policy)
+                            .map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?;
+                        let id = h.thread().id();
+                        (Some(h), Some(id))
+                    }
+                };
+            started.push(Group {
+                tx,
+                idle,
+                notifier,
+                thread: Mutex::new(thread),
+                thread_id,
+                rails: rails.clone(),
+                core,
+            });
+        }
+        tracing::info!(provider = %caps.provider, driver = ?self.driver, "rdmalane runtime started");
+        let fan_min = sched.chunk_size.max(1).saturating_mul(2);
+        Ok(Runtime {
+            inner: Arc::new(Inner {
+                id: rand::random::<u64>() | 1,
+                lanes,
+                caps,
+                groups: started,
+                inline,
+                regs: std::sync::RwLock::new(Slab::new()),
+                fan_min,
+                imm,
+                counters,
+                mr_cache: MrCache::new(set.mr_cache_bytes),
+                connect_timeout: self.connect_timeout,
+                max_handshakes: self.max_handshakes,
+                refusals: RefusalCounters::default(),
+                peer_timeout,
+                secret: set.secret,
+            }),
+        })
+    }
+}
+
+/// The rail groups `RDMALANE_RAIL_GROUPS` names, where they fit a runtime of `rails` rails
+/// (other runtimes of the process, with other rail counts, ignore it, saying so).
+fn groups_from_env(v: &str, rails: usize) -> Option<Vec<Vec<usize>>> {
+    let groups = crate::base::topology::parse_rail_groups(v)
+        .ok_or_else(|| "want rails by group, e.g. 0,1;2,3".to_string())
+        .and_then(|g| crate::base::topology::check_rail_groups(g, rails));
+    match groups {
+        Ok(g) => Some(g),
+        Err(why) => {
+            tracing::warn!(value = %v, rails, %why, "RDMALANE_RAIL_GROUPS ignored by this runtime");
+            None
+        }
+    }
+}

@@ -1,0 +1,681 @@
+//! The runtime handle and its builder.
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::Duration;
+
+use slab::Slab;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::base::control::Ctl;
+use crate::base::error::{Error, OpKind, Result, TransportError};
+use crate::base::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
+use crate::base::refusal::RefusalCounters;
+use crate::base::sched::TenantId;
+use crate::base::stats::{Counters, Stats};
+use crate::base::transport::{Access, Caps, LaneId, LocalSeg, MemoryRegion, Notify};
+use crate::driver::inline::{self, with_held, Slot};
+use crate::reactor::cell::OpCell;
+use crate::reactor::cmd::{Cmd, Draft, OpReq, PeerLane};
+use crate::reactor::rail_of;
+use crate::reactor::Idle;
+use crate::reactor::{AtOnce, Reactor, SHUTDOWN_LIMIT};
+
+mod builder;
+pub(crate) mod fanout;
+pub(crate) mod mr_cache;
+mod settings;
+
+pub use builder::Builder;
+
+use mr_cache::{timed, CacheStats, MrCache};
+
+/// Who drives the reactor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Driver {
+    /// A dedicated thread, pinned to a core when one is configured. Ops may come from any
+    /// thread or executor.
+    #[default]
+    Thread,
+    /// No thread: the caller of [`Runtime::block_on`] drives the reactor between polls of its
+    /// future (run-to-completion, one core for app and NIC). Nothing progresses outside
+    /// `block_on`. The thread in `block_on` holds the reactor until it returns: another
+    /// thread's ops and registrations wait for its turns, so its future must not block on them.
+    Inline,
+}
+
+/// One reactor and the way to it: a rail group's share of the runtime.
+struct Group {
+    tx: Sender<Cmd>,
+    idle: Arc<Idle>,
+    notifier: Arc<dyn Notify>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    thread_id: Option<ThreadId>,
+    /// The host rails its transport spans.
+    rails: Vec<usize>,
+    /// The core its thread is pinned to.
+    core: Option<usize>,
+}
+
+impl Group {
+    fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
+        if self.idle.shutdown.load(Ordering::Acquire) {
+            return Err(cmd);
+        }
+        self.tx.send(cmd).map_err(|e| e.0)?;
+        self.idle.commands.fetch_add(1, Ordering::SeqCst);
+        if self.idle.sleeping.load(Ordering::SeqCst) {
+            self.notifier.notify();
+        }
+        Ok(())
+    }
+
+    /// Tell the reactor to stop.
+    fn signal_stop(&self) {
+        self.idle.shutdown.store(true, Ordering::SeqCst);
+        self.notifier.notify();
+    }
+
+    /// Wait for the reactor's thread to end, unless this is that thread.
+    fn join(&self) {
+        let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // The last handle can be dropped on the reactor thread itself (a buffer freed by a
+        // completion); then the thread ends on its own.
+        if let Some(h) = h {
+            if Some(std::thread::current().id()) != self.thread_id {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+/// A registration made on every group's transport: its handle in each (id, local descriptor).
+/// With several groups, the runtime's region id and descriptor name an entry here.
+type GroupRegs = Vec<(u64, usize)>;
+
+struct Inner {
+    id: u64,
+    lanes: usize,
+    caps: Caps,
+    /// One per rail group; the first holds rail 0 and takes messages and small ops.
+    groups: Vec<Group>,
+    /// The one reactor, when the caller of `block_on` drives it.
+    inline: Option<Slot>,
+    /// Registrations on several groups (unused with one).
+    regs: std::sync::RwLock<Slab<GroupRegs>>,
+    /// Bulk one-sided ops of at least this many bytes are split across the groups.
+    fan_min: usize,
+    imm: Arc<ImmQueue>,
+    /// Each group's reactor's; the first also counts what other threads count.
+    counters: Vec<Arc<Counters>>,
+    connect_timeout: Duration,
+    max_handshakes: usize,
+    /// Handshakes this runtime's listeners refused, by reason.
+    refusals: RefusalCounters,
+    peer_timeout: Duration,
+    secret: Option<Vec<u8>>,
+    /// Dropped after the reactor (fields drop after `Drop::drop`), so its entries find the
+    /// transport gone and free their memory directly.
+    mr_cache: MrCache,
+}
+
+impl Inner {
+    /// Stop every reactor: all are told first, so that they shut down together (the first
+    /// group says goodbye to the peers once every group has drained), then each is waited for.
+    fn stop(&self) {
+        self.groups.iter().for_each(Group::signal_stop);
+        if let Some(slot) = &self.inline {
+            // A `block_on` on another thread may hold the reactor: it shuts it down itself on
+            // seeing the stop (at its next turn), and this waits for that, bounded.
+            let deadline = std::time::Instant::now() + SHUTDOWN_LIMIT + Duration::from_secs(1);
+            let idle = &self.groups[0].idle;
+            while slot.with(self.id, |r| r.shutdown(SHUTDOWN_LIMIT)).is_none()
+                && !idle.stopped.load(Ordering::Acquire)
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        self.groups.iter().for_each(Group::join);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The rdmalane runtime: a transport, the reactor that drives it, and the peers it talks to.
+/// Cheap to clone; the reactor stops when the last clone (and the last buffer) is gone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("id", &self.inner.id)
+            .field("provider", &self.inner.caps.provider)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Start configuring a runtime.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// This runtime's random id; descriptors it hands out carry it.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// What the transport can do (provider name, limits).
+    pub fn caps(&self) -> &Caps {
+        &self.inner.caps
+    }
+
+    /// The provider in use.
+    pub fn provider(&self) -> &str {
+        &self.inner.caps.provider
+    }
+
+    /// Lanes opened per peer.
+    pub fn lanes(&self) -> usize {
+        self.inner.lanes
+    }
+
+    /// A handle that does not keep the runtime alive.
+    pub fn downgrade(&self) -> WeakRuntime {
+        WeakRuntime(Arc::downgrade(&self.inner))
+    }
+
+    pub(crate) fn secret(&self) -> Option<&[u8]> {
+        self.inner.secret.as_deref()
+    }
+
+    pub(crate) fn peer_timeout(&self) -> Duration {
+        self.inner.peer_timeout
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.inner.connect_timeout
+    }
+
+    pub(crate) fn max_handshakes(&self) -> usize {
+        self.inner.max_handshakes
+    }
+
+    pub(crate) fn refusal_counters(&self) -> &RefusalCounters {
+        &self.inner.refusals
+    }
+
+    /// The registration cache (`register_shared`).
+    pub(crate) fn mr_cache(&self) -> &MrCache {
+        &self.inner.mr_cache
+    }
+
+    /// What the registration cache has done (hits, misses, evictions, bytes held). Registration
+    /// counts and time are in [`stats`](Self::stats).
+    pub fn mr_cache_stats(&self) -> CacheStats {
+        self.inner.mr_cache.trim();
+        self.inner.mr_cache.stats()
+    }
+
+    /// The next immediate value a peer's `write_with_imm` raised here.
+    pub fn next_imm(&self) -> NextImm {
+        NextImm { q: self.inner.imm.clone() }
+    }
+
+    /// Resolves once `n` immediate events with value `tag` have arrived (from writes or batch
+    /// pieces, in any order), and takes them: `next_imm` will not return them. Dropping the
+    /// future takes nothing.
+    pub fn wait_imm(&self, tag: u64, n: usize) -> WaitImm {
+        WaitImm { q: self.inner.imm.clone(), tag, n: n as u64 }
+    }
+
+    /// Immediate events with value `tag` that have arrived and not been taken.
+    pub fn imm_count(&self, tag: u64) -> u64 {
+        self.inner.imm.count(tag)
+    }
+
+    /// An immediate event if one has arrived.
+    pub fn try_next_imm(&self) -> Option<ImmEvent> {
+        self.inner.imm.try_pop()
+    }
+
+    /// Give `tenant` `weight` times the bulk share of a weight-1 tenant.
+    pub fn set_weight(&self, tenant: TenantId, weight: u32) {
+        for g in &self.inner.groups {
+            let _ = g.send(Cmd::SetWeight { tenant, weight });
+        }
+    }
+
+    /// Stop the reactor now, with handles (buffers, endpoints, ops) still alive: queued ops fail
+    /// with `Error::Shutdown`, posted ones get up to two seconds to complete (those that do not
+    /// fail with `Error::Shutdown` once their lanes are closed, after which no NIC touches their
+    /// buffers), and every later op fails with `Error::Shutdown`. Dropping the last handle does
+    /// the same. Where another thread's `block_on` holds the inline reactor, that thread carries
+    /// the stop out at its next turn; this waits for it up to three seconds.
+    pub fn shutdown(&self) {
+        self.inner.stop();
+    }
+
+    /// The rail groups, one reactor each: the host rails each drives and the core its thread
+    /// is pinned to (`None`: unpinned, or driven inline).
+    pub fn rail_groups(&self) -> Vec<(Vec<usize>, Option<usize>)> {
+        self.inner.groups.iter().map(|g| (g.rails.clone(), g.core)).collect()
+    }
+
+    /// A snapshot of the op counters.
+    pub fn stats(&self) -> Stats {
+        Stats { refused: self.inner.refusals.snapshot(), ..Counters::snapshot(&self.inner.counters) }
+    }
+
+    /// Bytes posted on each rail so far (one entry per rail).
+    pub fn rail_bytes(&self) -> Vec<u64> {
+        let rails = self.inner.caps.rails;
+        (0..rails)
+            .map(|r| self.inner.counters.iter().map(|c| c.rail_bytes[r].load(Ordering::Relaxed)).sum())
+            .collect()
+    }
+
+    /// Run a future to completion on this thread. With [`Driver::Inline`] this thread also
+    /// drives the reactor, busy-polling; otherwise it parks until woken.
+    pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
+        match &self.inner.inline {
+            Some(slot) => inline::block_on(slot, self.inner.id, &self.inner.groups[0].idle, fut),
+            None => inline::block_on_elsewhere(fut),
+        }
+    }
+
+    /// Hand a command to the first group's reactor (the only one, mostly).
+    fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
+        self.inner.groups[0].send(cmd)
+    }
+
+    /// Hand an op to the reactor; on shutdown the op fails at once.
+    /// `polled`: the op's cell, when its future is being polled: an op not done at posting then
+    /// reaps at once, in the same reach of the held reactor (the inline turn its poll would
+    /// take next).
+    /// Takes the op's handle on the runtime, and lets go of it once the op is posted (off the
+    /// latency path).
+    pub(crate) fn submit(self, req: OpReq, polled: Option<&OpCell>) {
+        if self.inner.groups.len() > 1 {
+            return self.submit_groups(req);
+        }
+        if self.inner.groups[0].idle.shutdown.load(Ordering::Acquire) {
+            Counters::add_shared(&self.inner.counters[0].rejected);
+            req.cell.complete(Err(Error::Shutdown { op: req.op }));
+            return;
+        }
+        // Inside the inline driver's block_on, which holds the reactor: post at once, skipping
+        // the queue hop. Elsewhere ops wait for the driver like any other.
+        let req = match &self.inner.inline {
+            Some(_) => {
+                let posted = with_held(self.inner.id, req, |r, req| {
+                    r.submit_now(req);
+                    if polled.is_some_and(|c| !c.is_done()) && inline::take_reap() {
+                        r.turn();
+                    }
+                });
+                let Err(req) = posted else { return };
+                req
+            }
+            None => req,
+        };
+        if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
+            Counters::add_shared(&self.inner.counters[0].rejected);
+            req.cell.complete(Err(Error::Shutdown { op: req.op }));
+        }
+    }
+
+    /// On the thread whose inline `block_on` holds this runtime's reactor: post `draft` over
+    /// `seg` now if the reactor would post it straight away (see `Reactor::post_at_once`).
+    /// The draft comes back anywhere else, for [`submit`](Self::submit).
+    pub(crate) fn post_at_once(&self, draft: Draft, seg: LocalSeg) -> Result<AtOnce, Draft> {
+        let inner = &self.inner;
+        if inner.inline.is_none()
+            || inner.groups.len() > 1
+            || inner.groups[0].idle.shutdown.load(Ordering::Acquire)
+        {
+            return Err(draft);
+        }
+        with_held(inner.id, draft, |r, draft| r.post_at_once(draft, seg)).unwrap_or_else(Err)
+    }
+
+    /// Run a control command on the first group's reactor and wait for its reply.
+    fn call<T>(&self, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
+        self.call_on(0, op, make)
+    }
+
+    /// Run a control command on group `g`'s reactor and wait for its reply.
+    fn call_on<T>(&self, g: usize, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
+        let (reply, rx) = mpsc::sync_channel(1);
+        let cmd = make(reply);
+        if self.inner.groups[g].send(cmd).is_err() {
+            return Err(Error::Shutdown { op });
+        }
+        loop {
+            // The inline driver may be nobody right now: turn the reactor ourselves.
+            if let Some(slot) = &self.inner.inline {
+                slot.with(self.inner.id, Reactor::turn);
+                match rx.try_recv() {
+                    Ok(v) => return Ok(v),
+                    Err(mpsc::TryRecvError::Empty) => continue,
+                    Err(mpsc::TryRecvError::Disconnected) => return Err(Error::Shutdown { op }),
+                }
+            }
+            return rx.recv().map_err(|_| Error::Shutdown { op });
+        }
+    }
+
+    pub(crate) fn register_region(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
+        let (res, ns) = timed(|| {
+            if self.inner.groups.len() > 1 {
+                return self.register_on_groups(op, ptr, len, access);
+            }
+            self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
+                .map_err(|e| Error::from_transport(op, "-", e))
+        });
+        self.inner.counters[0].registration_ns.fetch_add(ns, Ordering::Relaxed);
+        res
+    }
+
+    /// Register on every group's transport: the region's keys are each rail's, wherever its
+    /// group is; its id and descriptor name the groups' own (`regs`).
+    fn register_on_groups(
+        &self,
+        op: OpKind,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let mut keys = vec![0u64; self.inner.caps.rails];
+        let mut regs: GroupRegs = Vec::with_capacity(self.inner.groups.len());
+        let mut base = None;
+        let mut failure = None;
+        for (g, group) in self.inner.groups.iter().enumerate() {
+            let res = self
+                .call_on(g, op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })
+                .and_then(|r| r.map_err(|e| Error::from_transport(op, "-", e)));
+            match res {
+                Ok(mr) if base.is_none_or(|b| b == mr.remote_base) => {
+                    base = Some(mr.remote_base);
+                    let group_keys = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied());
+                    for (&rail, key) in group.rails.iter().zip(group_keys) {
+                        keys[rail] = key;
+                    }
+                    regs.push((mr.id, mr.desc));
+                }
+                Ok(mr) => {
+                    regs.push((mr.id, mr.desc));
+                    failure =
+                        Some(Error::invalid(op, "the rail groups' transports address memory differently"));
+                    break;
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failure {
+            for (g, (id, _)) in regs.into_iter().enumerate() {
+                let _ = self.inner.groups[g].send(Cmd::Deregister { id, keep: None, reply: None });
+            }
+            return Err(e);
+        }
+        let first = regs[0].0;
+        let handle = self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).insert(regs);
+        let mr = MemoryRegion {
+            id: handle as u64,
+            desc: handle,
+            key: keys[0],
+            rail_keys: keys[1..].to_vec(),
+            remote_base: base.unwrap_or(0),
+        };
+        if access.is_remote() {
+            // The first group answers peers' questions about our memory: it learns every key.
+            let _ = self.send(Cmd::Exposed { mr: MemoryRegion { id: first, ..mr.clone() }, len, access });
+        }
+        Ok(mr)
+    }
+
+    /// The groups' own handles of region `id` (several groups), forgotten here.
+    fn take_group_regs(&self, id: u64) -> Option<GroupRegs> {
+        self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).try_remove(id as usize)
+    }
+
+    /// Group `g`'s descriptor for the runtime's descriptor `desc` (several groups).
+    fn group_desc(&self, desc: usize, g: usize) -> usize {
+        let regs = self.inner.regs.read().unwrap_or_else(|p| p.into_inner());
+        regs.get(desc).and_then(|r| r.get(g)).map_or(0, |&(_, d)| d)
+    }
+
+    /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration
+    /// (with several groups, by the last of them).
+    pub(crate) fn release_region(&self, id: u64, keep: Option<Box<dyn std::any::Any + Send>>) {
+        if self.inner.groups.len() > 1 {
+            let Some(regs) = self.take_group_regs(id) else { return };
+            let keep = keep.map(|k| Arc::new(Mutex::new(k)));
+            for (g, (id, _)) in regs.into_iter().enumerate() {
+                let keep = keep.clone().map(|k| Box::new(k) as Box<dyn std::any::Any + Send>);
+                let _ = self.inner.groups[g].send(Cmd::Deregister { id, keep, reply: None });
+            }
+            return;
+        }
+        if let Err(Cmd::Deregister { keep, .. }) = self.send(Cmd::Deregister { id, keep, reply: None }) {
+            // The reactor is gone and the transport with it: nothing can reach the memory now.
+            drop(keep);
+        }
+    }
+
+    pub(crate) fn deregister_now(&self, id: u64) -> Result<()> {
+        let regs = match self.inner.groups.len() {
+            1 => vec![(id, 0)],
+            _ => self.take_group_regs(id).unwrap_or_default(),
+        };
+        let mut first = Ok(());
+        for (g, (id, _)) in regs.into_iter().enumerate() {
+            let res = self
+                .call_on(g, OpKind::Expose, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })
+                .and_then(|r| r.map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e)));
+            if first.is_ok() {
+                first = res;
+            }
+        }
+        first
+    }
+
+    /// The group serving each host rail.
+    fn group_of_rail(&self, rail: usize) -> (usize, usize) {
+        for (g, group) in self.inner.groups.iter().enumerate() {
+            if let Some(local) = group.rails.iter().position(|&r| r == rail) {
+                return (g, local);
+            }
+        }
+        (0, 0)
+    }
+
+    /// Open `n` lanes for a new peer: lane i on rail `rail_of(i, rails)`, by that rail's group.
+    /// Returns them in lane order with their addresses.
+    pub(crate) fn open_lanes(&self, peer: &str, n: usize) -> Result<Vec<(Lane, Vec<u8>)>> {
+        let groups = self.inner.groups.len();
+        let rails = self.inner.caps.rails;
+        let at: Vec<(usize, usize)> = (0..n).map(|i| self.group_of_rail(rail_of(i, rails))).collect();
+        let mut out: Vec<Option<(Lane, Vec<u8>)>> = vec![None; n];
+        let mut failure = None;
+        for g in 0..groups {
+            let local: Vec<usize> = at.iter().filter(|(x, _)| *x == g).map(|&(_, r)| r).collect();
+            if local.is_empty() {
+                continue;
+            }
+            let res = self
+                .call_on(g, OpKind::Connect, |reply| Cmd::OpenLanes { rails: local, reply })
+                .and_then(|r| r.map_err(|e| Error::from_transport(OpKind::Connect, peer, e)));
+            match res {
+                Ok(opened) => {
+                    let slots = (0..n).filter(|&i| at[i].0 == g);
+                    for (i, (lane, name)) in slots.zip(opened) {
+                        out[i] = Some(((g, lane), name));
+                    }
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let out: Vec<(Lane, Vec<u8>)> = out.into_iter().flatten().collect();
+        match failure {
+            Some(e) => {
+                self.close_lanes(out.into_iter().map(|(l, _)| l).collect());
+                Err(e)
+            }
+            None => Ok(out),
+        }
+    }
+
+    /// Connect our lanes to the peer's (pairwise, in lane order) and add the peer to every
+    /// group that holds one of them. Returns its slot in each group ([`NO_SLOT`] where none).
+    pub(crate) fn add_peer(
+        &self,
+        id: u64,
+        lanes: Vec<Lane>,
+        names: Vec<Vec<u8>>,
+        rails: usize,
+        label: String,
+        ctl: UnboundedSender<Ctl>,
+    ) -> Result<Slots> {
+        let mut slots = vec![NO_SLOT; self.inner.groups.len()];
+        for g in 0..self.inner.groups.len() {
+            let mine: Vec<PeerLane> = (0..lanes.len())
+                .filter(|&i| lanes[i].0 == g)
+                .map(|i| (lanes[i].1, names[i].clone(), i))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let (l, c) = (label.clone(), ctl.clone());
+            let res = self
+                .call_on(g, OpKind::Connect, |reply| Cmd::AddPeer {
+                    id,
+                    lanes: mine,
+                    rails,
+                    label: l,
+                    ctl: c,
+                    reply,
+                })
+                .and_then(|r| r.map_err(|e| Error::from_transport(OpKind::Connect, &label, e)));
+            match res {
+                Ok(slot) => slots[g] = slot,
+                Err(e) => {
+                    // Undo: the groups done lose the peer (closing its lanes), the others'
+                    // lanes close (this group's failed add closed its own).
+                    let added: Slots = slots.into();
+                    self.remove_peer(&added);
+                    let rest = lanes.into_iter().filter(|l| l.0 > g).collect();
+                    self.close_lanes(rest);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(slots.into())
+    }
+
+    pub(crate) fn close_lanes(&self, lanes: Vec<Lane>) {
+        for g in 0..self.inner.groups.len() {
+            let mine: Vec<LaneId> = lanes.iter().filter(|l| l.0 == g).map(|l| l.1).collect();
+            if !mine.is_empty() {
+                let _ = self.inner.groups[g].send(Cmd::CloseLanes { lanes: mine });
+            }
+        }
+    }
+
+    pub(crate) fn remove_peer(&self, slots: &Slots) {
+        self.each_slot(slots, |slot| Cmd::RemovePeer { slot });
+    }
+
+    pub(crate) fn peer_lost(&self, slots: &Slots, reason: String) {
+        self.each_slot(slots, |slot| Cmd::PeerLost { slot, reason: reason.clone() });
+    }
+
+    fn each_slot(&self, slots: &Slots, mut make: impl FnMut(usize) -> Cmd) {
+        for (g, &slot) in slots.iter().enumerate() {
+            if slot != NO_SLOT {
+                let _ = self.inner.groups[g].send(make(slot));
+            }
+        }
+    }
+
+    /// A message the peer (runtime `peer_id`, at `slots`) sent on its control connection, to
+    /// the reactor it concerns: an answer to a question goes to the group that asked (named
+    /// in the token's high bits), wake-ups to every group, the rest to the first group (which
+    /// keeps messages and answers questions about our memory).
+    pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl) {
+        let to = match &msg {
+            Ctl::Asleep | Ctl::Kick if slots.len() > 1 => {
+                return self.each_slot(slots, |slot| Cmd::Control { slot, peer_id, msg: msg.clone() });
+            }
+            Ctl::Verdict { token, .. } => (*token >> crate::reactor::TOKEN_GROUP_SHIFT) as usize,
+            _ => 0,
+        };
+        if let Some(&slot) = slots.get(to).filter(|&&s| s != NO_SLOT) {
+            let _ = self.inner.groups[to].send(Cmd::Control { slot, peer_id, msg });
+        }
+    }
+
+    /// An op on several groups: a bulk one-sided op the endpoint let fan out is split across
+    /// the groups in proportion to their rails; anything else goes whole to the first group.
+    /// Either way each part names its group's descriptor for the local memory.
+    fn submit_groups(&self, mut req: OpReq) {
+        let fan = req.slots.take().filter(|_| {
+            req.len() >= self.inner.fan_min && req.class != Some(crate::base::sched::Class::Latency)
+        });
+        let Some(slots) = fan else {
+            return self.submit_to(0, req);
+        };
+        let weights: Vec<usize> = self
+            .inner
+            .groups
+            .iter()
+            .zip(slots.iter())
+            .map(|(g, &s)| if s == NO_SLOT { 0 } else { g.rails.len() })
+            .collect();
+        for (g, part) in crate::runtime::fanout::split(req, &slots, &weights) {
+            self.submit_to(g, part);
+        }
+    }
+
+    /// Hand an op (or a part) to group `g`'s reactor, naming the group's own descriptor.
+    fn submit_to(&self, g: usize, mut req: OpReq) {
+        req.seg.desc = self.group_desc(req.seg.desc, g);
+        if let Err(Cmd::Op(req)) = self.inner.groups[g].send(Cmd::Op(req)) {
+            Counters::add_shared(&self.inner.counters[0].rejected);
+            req.cell.complete(Err(Error::Shutdown { op: req.op }));
+        }
+    }
+}
+
+/// A lane of a peer: the rail group whose reactor owns it, and its id in that group's transport.
+pub(crate) type Lane = (usize, LaneId);
+
+pub(crate) use crate::reactor::cmd::{Slots, NO_SLOT};
+
+/// A [`Runtime`] handle that does not keep it alive.
+#[derive(Clone, Debug)]
+pub struct WeakRuntime(std::sync::Weak<Inner>);
+
+impl WeakRuntime {
+    /// The runtime, if it still runs.
+    pub fn upgrade(&self) -> Option<Runtime> {
+        self.0.upgrade().map(|inner| Runtime { inner })
+    }
+}
