@@ -165,7 +165,7 @@ impl Reactor {
         if self.audit.asking.contains_key(&k) {
             return;
         }
-        let Some(p) = self.peers.get_mut(slot).filter(|p| p.lost.is_none()) else {
+        let Some(p) = self.peers.get_mut(slot).filter(|p| p.lost().is_none()) else {
             return;
         };
         // The peer answers all our rail groups' questions together: each asks its share.

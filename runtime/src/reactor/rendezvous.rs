@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{cell_key, resolve, Reactor};
+use super::{cell_key, settle_cell, Reactor};
 use crate::base::control::{Ctl, Pulled};
 use crate::base::error::{Error, FailureClass, OpKind};
 use crate::base::remote::RemoteBuf;
@@ -89,7 +89,7 @@ impl Reactor {
     /// Complete an op's cell, unless it belongs to a rendezvous, which takes it from there.
     pub(super) fn settle(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
         if self.rndv.idle() && self.audit.idle() {
-            resolve(&self.counters, cell, res);
+            settle_cell(&self.counters, cell, res);
             return;
         }
         let Some(res) = self.audited(cell, res) else {
@@ -107,9 +107,9 @@ impl Reactor {
         } else if let Some(p) = self.rndv.pulling.remove(&k) {
             let outcome = if res.is_ok() { Pulled::Whole } else { Pulled::Failed };
             self.tell(p.slot, Ctl::Done { token: p.token, outcome });
-            resolve(&self.counters, cell, res.map(|d| Done { len: d.len, imm: None }));
+            settle_cell(&self.counters, cell, res.map(|d| Done { len: d.len, imm: None }));
         } else {
-            resolve(&self.counters, cell, res);
+            settle_cell(&self.counters, cell, res);
         }
     }
 
@@ -129,7 +129,7 @@ impl Reactor {
         let mr = match super::lease::register(self.t.as_mut(), req.seg.ptr, len, Access::READ) {
             Ok(mr) => mr,
             Err(e) => {
-                resolve(&self.counters, &req.cell, Err(Error::from_transport(OpKind::Send, &label, e)));
+                settle_cell(&self.counters, &req.cell, Err(Error::from_transport(OpKind::Send, &label, e)));
                 return None;
             }
         };
@@ -208,7 +208,7 @@ impl Reactor {
             }),
             Err(e) => Err(e),
         };
-        resolve(&self.counters, &out.cell, res);
+        settle_cell(&self.counters, &out.cell, res);
     }
 
     /// A receive completed with immediate data: a marker. Pull the message it stands for.
@@ -220,7 +220,7 @@ impl Reactor {
                 let reason = format!("it sent two messages under rendezvous token {token}");
                 self.drop_peer(slot, reason.clone());
                 let peer = self.peers.get(slot).map_or_else(String::new, |p| p.label.clone());
-                resolve(&self.counters, &cell, Err(Error::PeerLost { op: OpKind::Recv, peer, reason }));
+                settle_cell(&self.counters, &cell, Err(Error::PeerLost { op: OpKind::Recv, peer, reason }));
             }
             None => {
                 self.rndv.waiting.insert((slot, token), Waiting { cell, seg, since: self.now });
@@ -258,15 +258,15 @@ impl Reactor {
 
     /// A message on a peer's control connection.
     pub(super) fn on_control(&mut self, slot: usize, peer_id: u64, msg: Ctl) {
-        if self.peers.get(slot).is_none_or(|p| p.id != peer_id || p.lost.is_some()) {
+        if self.peers.get(slot).is_none_or(|p| p.id != peer_id || p.lost().is_some()) {
             return;
         }
         match msg {
             // Both end at the connection's task, which never hands them on.
             Ctl::Heartbeat | Ctl::Goodbye { .. } => {}
-            Ctl::Asleep => self.peers[slot].asleep = true,
+            Ctl::Asleep => self.peers[slot].heard(true),
             // The command that brought it woke us: we may announce our next sleep to it again.
-            Ctl::Kick => self.peers[slot].announced = false,
+            Ctl::Kick => self.peers[slot].heard(false),
             Ctl::Check { .. } | Ctl::Verdict { .. } => self.on_audit(slot, msg),
             Ctl::Offer { token, desc } => match self.rndv.waiting.remove(&(slot, token)) {
                 Some(w) => self.pull(slot, token, desc, w.cell, w.seg),
@@ -284,7 +284,7 @@ impl Reactor {
                 if let Some(w) = self.rndv.waiting.remove(&(slot, token)) {
                     let peer = self.peers[slot].label.clone();
                     let source = self.local_error(FailureClass::Other, "the sender withdrew the message");
-                    resolve(
+                    settle_cell(
                         &self.counters,
                         &w.cell,
                         Err(Error::Transport { op: OpKind::Recv, peer, source }),
@@ -310,7 +310,7 @@ impl Reactor {
     fn pull(&mut self, slot: usize, token: u32, desc: RemoteBuf, cell: Arc<OpCell>, seg: LocalSeg) {
         if self.phase != super::Phase::Running {
             self.tell(slot, Ctl::Done { token, outcome: Pulled::Failed });
-            resolve(&self.counters, &cell, Err(Error::Shutdown { op: OpKind::Recv }));
+            settle_cell(&self.counters, &cell, Err(Error::Shutdown { op: OpKind::Recv }));
             return;
         }
         let len = desc.len();
@@ -319,7 +319,7 @@ impl Reactor {
             let p = &self.peers[slot];
             let text = format!("a {len}-byte message does not fit the {}-byte receive buffer", seg.len);
             let source = self.local_error(FailureClass::Truncated, text);
-            resolve(
+            settle_cell(
                 &self.counters,
                 &cell,
                 Err(Error::Transport { op: OpKind::Recv, peer: p.label.clone(), source }),
@@ -364,7 +364,7 @@ impl Reactor {
             self.rndv.waiting.keys().filter(|(s, _)| *s == slot).copied().collect();
         for k in waiting {
             let w = self.rndv.waiting.remove(&k).expect("listed");
-            resolve(&self.counters, &w.cell, Err(why(OpKind::Recv)));
+            settle_cell(&self.counters, &w.cell, Err(why(OpKind::Recv)));
         }
     }
 }
@@ -408,7 +408,7 @@ mod tests {
         r.marker_arrived(slot, 5, second.clone(), seg);
         assert!(matches!(first.outcome(), Some(Err(Error::PeerLost { .. }))));
         assert!(matches!(second.outcome(), Some(Err(Error::PeerLost { .. }))));
-        assert!(r.peers[slot].lost.as_deref().is_some_and(|w| w.contains("token 5")));
+        assert!(r.peers[slot].lost().is_some_and(|w| w.contains("token 5")));
         assert!(matches!(told.try_recv(), Ok(Ctl::Goodbye { reason }) if reason.contains("token 5")));
     }
 
@@ -446,7 +446,7 @@ mod tests {
             Some(Err(Error::Transport { source, .. })) => assert!(source.text.contains("withdrew")),
             other => panic!("the receive should fail, got {other:?}"),
         }
-        assert!(r.rndv.waiting.is_empty() && r.peers[slot].lost.is_none());
+        assert!(r.rndv.waiting.is_empty() && r.peers[slot].lost().is_none());
     }
 
     #[test]

@@ -1,6 +1,5 @@
 //! A bare reactor and a peer without lanes, for unit tests of the reactor's bookkeeping (the
 //! audit, the rendezvous) that reach into its tables.
-use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -26,24 +25,7 @@ pub(super) fn reactor() -> Reactor {
 /// A peer with no lanes; what the reactor tells it arrives on the receiver.
 pub(super) fn peer(r: &mut Reactor) -> (usize, UnboundedReceiver<Ctl>) {
     let (ctl, rx) = unbounded_channel();
-    let now = Instant::now();
-    let p = Peer {
-        id: 7,
-        label: "peer".into(),
-        lanes: Vec::new(),
-        lane_ids: Arc::from(Vec::new()),
-        rails: 1,
-        msg_lane: Arc::from(Vec::new()),
-        bulk_lanes: Arc::from(Vec::new()),
-        lost: None,
-        inflight: 0,
-        ctl,
-        checks: (now, 0),
-        refused: (now, 0),
-        asked: (now, 0),
-        asleep: false,
-        announced: false,
-    };
+    let p = Peer::new(7, "peer".into(), Vec::new(), 1, ctl, Instant::now());
     (r.peers.insert(p), rx)
 }
 

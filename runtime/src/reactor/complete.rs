@@ -1,0 +1,143 @@
+//! Completion: reaping the provider's completion queue, matching each completion to its work
+//! request, and settling the ops it ends.
+use super::cell::Done;
+use super::{Held, Reactor, POLL_BATCH};
+use crate::base::error::OpKind;
+use crate::base::error::{Error, FailureClass, TransportError};
+use crate::base::sched::OpDone;
+use crate::base::stats::Counters;
+use crate::base::transport::Completion;
+
+/// Record a chunk's failure on its op, naming the batch piece it belongs to. Of several failed
+/// pieces the lowest is kept: completions come in no particular order, and the first piece to
+/// fail is the likelier cause (later ones often fail because the connection went with it).
+pub(super) fn note_chunk_error(h: &mut Held, offset: usize, e: Error) {
+    let Some(b) = &h.req.batch else {
+        h.error.get_or_insert(e);
+        return;
+    };
+    let piece = b.piece_at(offset);
+    match &h.error {
+        Some(Error::Batch { piece: p, .. }) if *p <= piece => {}
+        Some(e) if !matches!(e, Error::Batch { .. }) => {}
+        _ => h.error = Some(Error::Batch { piece, source: Box::new(e) }),
+    }
+}
+
+impl Reactor {
+    /// An op the scheduler resolved: complete its cell.
+    pub(super) fn settle_held(&mut self, done: OpDone) {
+        let Some(h) = self.held[done.op.0].take() else {
+            return;
+        };
+        if done.ok {
+            self.settle(&h.req.cell, Ok(Done { len: h.req.len(), imm: None }));
+        } else if let Some(e) = h.error {
+            self.settle(&h.req.cell, Err(e));
+        } else {
+            // Cancelled: its future is gone; nothing to tell.
+            Counters::add(&self.counters.withdrawn);
+        }
+    }
+
+    pub(super) fn reap(&mut self) -> bool {
+        let n = self.t.poll(&mut self.comps, POLL_BATCH);
+        self.complete_polled(n)
+    }
+
+    /// As `reap`, reading the completion queues now even where the transport spaces its
+    /// reads: a drain must see what has arrived.
+    pub(super) fn reap_now(&mut self) -> bool {
+        let n = self.t.poll_now(&mut self.comps, POLL_BATCH);
+        self.complete_polled(n)
+    }
+
+    /// Complete the `n` completions just polled into `comps`; false when there were none.
+    pub(super) fn complete_polled(&mut self, n: usize) -> bool {
+        if n == 0 {
+            return false;
+        }
+        let mut comps = std::mem::take(&mut self.comps);
+        for c in comps.drain(..) {
+            match c {
+                Completion::Op { id, len, imm, status } => self.on_completion(id, len, imm, status),
+                Completion::RemoteWrite { imm, len } => self.imm.push(imm, len),
+            }
+        }
+        self.comps = comps;
+        true
+    }
+
+    pub(super) fn on_completion(
+        &mut self,
+        id: u64,
+        len: usize,
+        imm: Option<u64>,
+        status: Result<(), TransportError>,
+    ) {
+        let slot = (id & crate::base::transport::WR_SLOT_MASK) as usize;
+        if self.inflight.get(slot).is_none_or(|f| f.id != id) {
+            // A completion from a lane closed since (its request was failed then).
+            tracing::debug!(id, "stale completion ignored");
+            return;
+        }
+        let f = self.inflight.remove(slot);
+        let peer = &mut self.peers[f.peer];
+        peer.inflight -= 1;
+        let err = status.err().map(|e| match peer.lost() {
+            Some(reason) => {
+                Error::PeerLost { op: f.op, peer: peer.label.clone(), reason: format!("{reason}; {e}") }
+            }
+            None => Error::from_transport(f.op, &peer.label, e),
+        });
+        if let Some(Error::Transport { source, .. }) = &err {
+            if source.class == FailureClass::Cancelled {
+                // A dropped connection cancels every piece of a split op, the valid ones too,
+                // and the op is asked about once: ask about its whole range. (A batch's pieces
+                // are not one range: there, the piece.)
+                let (kind, len) = match f.chunk.and_then(|c| self.held[c.op.0].as_ref()) {
+                    Some(h) if h.req.batch.is_none() => (h.req.kind, h.req.len()),
+                    _ => (f.kind, f.len()),
+                };
+                self.question(f.id, f.peer, f.op, kind, len, &f.cell);
+            }
+        }
+        match f.chunk {
+            Some(c) => {
+                self.active -= 1;
+                // The in-flight entry's reference to the cell goes now, before the scheduler
+                // may resolve the op.
+                drop(f.cell);
+                if let Some(h) = self.held[c.op.0].as_mut() {
+                    h.posted -= 1;
+                }
+                let ok = err.is_none();
+                if let Some(e) = err {
+                    if let Some(h) = self.held[c.op.0].as_mut() {
+                        note_chunk_error(h, c.offset, e);
+                    }
+                }
+                if let Some(done) = self.sched.complete(c, ok) {
+                    self.settle_held(done);
+                }
+            }
+            None => {
+                if f.op != OpKind::Recv {
+                    self.active -= 1;
+                }
+                let len = if f.op == OpKind::Recv { len } else { f.len() };
+                let res = match err {
+                    // Application sends carry no immediate data: this is a rendezvous marker.
+                    None if f.op == OpKind::Recv && imm.is_some() => {
+                        let token = imm.unwrap_or_default() as u32;
+                        self.marker_arrived(f.peer, token, f.cell, f.seg);
+                        return;
+                    }
+                    None => Ok(Done { len, imm }),
+                    Some(e) => Err(e),
+                };
+                self.settle(&f.cell, res);
+            }
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The peers a reactor serves: their lanes and routes, adding them, and losing them (what
+//! they had queued or posted fails, their lanes close).
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::cmd::{OpenedLane, PeerLane};
+use super::{Phase, Reactor};
+use crate::base::control::Ctl;
+use crate::base::error::{Error, FailureClass, TransportError};
+use crate::base::sched::OpId;
+use crate::base::stats::Counters;
+use crate::base::transport::{LaneId, PeerAddr};
+
+pub(super) struct Peer {
+    /// The peer runtime's id.
+    pub(super) id: u64,
+    pub(super) label: String,
+    /// Our lanes to the peer: the lane, the peer's address on it, and the rail it runs on at
+    /// the peer (whose key a one-sided op on it must use). The first carries messages.
+    pub(super) lanes: Vec<(LaneId, PeerAddr, usize)>,
+    /// The same lanes, as the scheduler takes them.
+    pub(super) lane_ids: Arc<[LaneId]>,
+    /// The peer's rail count.
+    pub(super) rails: usize,
+    /// The first lane alone: messages go there.
+    pub(super) msg_lane: Arc<[LaneId]>,
+    /// The lanes bulk rotates over: all but the first when there are several.
+    pub(super) bulk_lanes: Arc<[LaneId]>,
+    /// Live, or lost and why.
+    pub(super) state: PeerState,
+    pub(super) inflight: usize,
+    /// The peer's control connection.
+    pub(super) ctl: UnboundedSender<Ctl>,
+    /// Questions about our memory this peer asked in the current second, and when it began.
+    pub(super) checks: (Instant, u32),
+    /// Its questions we answered with a refusal in the current minute, and when it began.
+    pub(super) refused: (Instant, u32),
+    /// Questions we asked it in the current second, and when it began.
+    pub(super) asked: (Instant, u32),
+}
+
+/// Where a peer is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum PeerState {
+    /// Serving ops.
+    Live {
+        /// Its reactor sleeps and its provider cannot wake it (`Ctl::Asleep`): our next op
+        /// that needs its progress kicks it awake on the control connection.
+        asleep: bool,
+        /// We told it that our reactor sleeps, and it has not kicked us since.
+        announced: bool,
+    },
+    /// Gone, for this reason: its lanes are closed and new ops fail at once.
+    Lost(String),
+}
+
+impl Peer {
+    /// A peer reached over `lanes` (our lane, its address, the peer's rail there; the first
+    /// carries messages), with `rails` rails, told things on `ctl`.
+    pub(super) fn new(
+        id: u64,
+        label: String,
+        lanes: Vec<(LaneId, PeerAddr, usize)>,
+        rails: usize,
+        ctl: UnboundedSender<Ctl>,
+        now: Instant,
+    ) -> Peer {
+        let lane_ids: Arc<[LaneId]> = lanes.iter().map(|(l, ..)| *l).collect();
+        let msg_lane = lane_ids[..1.min(lane_ids.len())].into();
+        // Behind the express lane (place 0), where this group holds it, bulk rotates over the
+        // others.
+        let express = lanes.first().is_some_and(|l| l.2 == 0);
+        let bulk_lanes = if express && lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
+        Peer {
+            id,
+            label,
+            lanes,
+            lane_ids,
+            rails: rails.max(1),
+            msg_lane,
+            bulk_lanes,
+            state: PeerState::Live { asleep: false, announced: false },
+            inflight: 0,
+            ctl,
+            checks: (now, 0),
+            refused: (now, 0),
+            asked: (now, 0),
+        }
+    }
+
+    /// Why the peer is gone, once it is.
+    pub(super) fn lost(&self) -> Option<&str> {
+        match &self.state {
+            PeerState::Lost(why) => Some(why),
+            PeerState::Live { .. } => None,
+        }
+    }
+
+    /// It said its reactor sleeps (`asleep`), or kicked ours awake (`!asleep`: we may
+    /// announce our next sleep to it again).
+    pub(super) fn heard(&mut self, asleep: bool) {
+        if let PeerState::Live { asleep: a, announced } = &mut self.state {
+            if asleep {
+                *a = true;
+            } else {
+                *announced = false;
+            }
+        }
+    }
+
+    /// The peer's address on `lane` and the peer's rail there.
+    pub(super) fn route(&self, lane: LaneId) -> (PeerAddr, usize) {
+        self.lanes.iter().find(|(l, ..)| *l == lane).map(|&(_, a, r)| (a, r)).expect("a lane of this peer")
+    }
+
+    /// Of `lanes`, those reaching a peer rail the op's descriptor has a key for (`keys` of
+    /// them: rails 0 to keys - 1). A descriptor of fewer rails than the peer has (the offer of
+    /// a peer whose first rail group spans only some of its rails) must not be used elsewhere.
+    pub(super) fn keyed(&self, lanes: Arc<[LaneId]>, keys: usize) -> Arc<[LaneId]> {
+        if keys >= self.rails {
+            return lanes;
+        }
+        let reach: Arc<[LaneId]> = lanes.iter().copied().filter(|&l| self.route(l).1 < keys).collect();
+        if reach.is_empty() {
+            self.msg_lane.clone()
+        } else {
+            reach
+        }
+    }
+}
+
+/// The rail lane `i` of a connection runs on, at a side with `rails` rails: the first lane
+/// (messages, the express lane) on rail 0, the bulk lanes round robin over all rails. Both
+/// sides compute it, each with the other's rail count, so keys match lanes.
+pub(crate) fn rail_of(i: usize, rails: usize) -> usize {
+    if i == 0 || rails <= 1 {
+        0
+    } else {
+        (i - 1) % rails
+    }
+}
+
+impl Reactor {
+    /// The reactor thread is about to sleep. A provider without a wait object (shm) cannot wake
+    /// it when a peer's op needs its progress (a message to take in, a one-sided op to check),
+    /// so that op would wait out the nap: tell each peer, which then kicks us on the control
+    /// connection along with its next op. Once per peer until it kicks.
+    pub(crate) fn announce_sleep(&mut self) {
+        if self.t.caps().wait_fd {
+            return;
+        }
+        for (_, p) in self.peers.iter_mut() {
+            if let PeerState::Live { announced: announced @ false, .. } = &mut p.state {
+                *announced = true;
+                // A closed outbox: the peer is being lost anyway.
+                let _ = p.ctl.send(Ctl::Asleep);
+            }
+        }
+    }
+
+    /// An op for the peer in `slot` needs its progress: if its reactor said it sleeps, wake it.
+    pub(super) fn kick_if_asleep(&mut self, slot: usize) {
+        let Some(p) = self.peers.get_mut(slot) else { return };
+        if let PeerState::Live { asleep: asleep @ true, .. } = &mut p.state {
+            *asleep = false;
+            Counters::add(&self.counters.kicks);
+            let _ = p.ctl.send(Ctl::Kick);
+        }
+    }
+
+    /// Peers' one-sided ops on our memory were served since the last look, on a transport
+    /// whose progress serves them without a completion (shm's checked path).
+    pub(crate) fn peers_served(&mut self) -> bool {
+        self.silent_refusals && self.t.remote_served()
+    }
+
+    /// Open a lane on each of `rails` for a peer about to be added; all or none.
+    pub(super) fn open_lanes(&mut self, rails: Vec<usize>) -> Result<Vec<OpenedLane>, TransportError> {
+        if self.phase != Phase::Running {
+            return Err(self.local_error(FailureClass::Other, "the runtime is shutting down"));
+        }
+        let mut opened: Vec<OpenedLane> = Vec::with_capacity(rails.len());
+        for rail in rails {
+            match self.t.open_lane(rail) {
+                Ok(l) => {
+                    if self.lane_rail.len() <= l.0 {
+                        self.lane_rail.resize(l.0 + 1, 0);
+                    }
+                    self.lane_rail[l.0] = self.rail_ids.get(rail).copied().unwrap_or(rail);
+                    opened.push(l)
+                }
+                Err(e) => {
+                    opened.iter().for_each(|(l, _)| self.t.close_lane(*l));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Connect our `lanes` to the peer's and add the peer; its slot. On failure the lanes are
+    /// closed.
+    pub(super) fn add_peer(
+        &mut self,
+        id: u64,
+        lanes: Vec<PeerLane>,
+        rails: usize,
+        label: String,
+        ctl: UnboundedSender<Ctl>,
+    ) -> Result<usize, TransportError> {
+        if self.phase != Phase::Running {
+            lanes.iter().for_each(|l| self.t.close_lane(l.0));
+            return Err(self.local_error(FailureClass::Other, "the runtime is shutting down"));
+        }
+        let res: Result<Vec<(LaneId, PeerAddr, usize)>, TransportError> = lanes
+            .iter()
+            .map(|(l, name, i)| self.t.connect_lane(*l, name).map(|a| (*l, a, rail_of(*i, rails))))
+            .collect();
+        match res {
+            Ok(connected) => Ok(self.peers.insert(Peer::new(id, label, connected, rails, ctl, self.now))),
+            Err(e) => {
+                lanes.iter().for_each(|l| self.t.close_lane(l.0));
+                Err(e)
+            }
+        }
+    }
+
+    /// The endpoint handle is gone: fail what is pending, close the lanes, forget the peer.
+    pub(super) fn remove_peer(&mut self, slot: usize) {
+        if self.peers.contains(slot) {
+            self.lose_peer(slot, "endpoint closed".into());
+            self.peers.remove(slot);
+        }
+    }
+
+    /// The peer's control connection broke: fail what is pending, close the lanes.
+    pub(super) fn peer_lost(&mut self, slot: usize, reason: String) {
+        if self.peers.get(slot).is_some_and(|p| p.lost().is_none()) {
+            tracing::info!(peer = %self.peers[slot].label, %reason, "peer lost");
+            self.lose_peer(slot, reason);
+        }
+    }
+
+    /// Give up on a peer of our own accord (it misbehaved, or refused an op the provider leaves
+    /// pending): tell it why, which ends the control connection so that it loses us too, then
+    /// lose it.
+    pub(super) fn drop_peer(&mut self, slot: usize, reason: String) {
+        if self.peers.get(slot).is_none_or(|p| p.lost().is_some()) {
+            return;
+        }
+        tracing::warn!(peer = %self.peers[slot].label, %reason, "giving up on a peer");
+        self.tell(slot, Ctl::Goodbye { reason: reason.clone() });
+        self.lose_peer(slot, reason);
+    }
+
+    /// The peer is gone: fail what it has queued, close its lanes (after reaping what already
+    /// completed), and fail what was posted on them, whose buffers are ours again.
+    pub(super) fn lose_peer(&mut self, slot: usize, reason: String) {
+        let label = self.peers[slot].label.clone();
+        self.fail_peer(slot, (label.clone(), reason.clone()));
+        // Lost before reaping: what the reap would start for this peer (a rendezvous read)
+        // fails at once instead of being queued behind the failure.
+        self.peers[slot].state = PeerState::Lost(reason.clone());
+        while self.reap_now() {}
+        let lanes = std::mem::take(&mut self.peers[slot].lanes);
+        for (lane, ..) in &lanes {
+            self.t.close_lane(*lane);
+        }
+        let ids: Vec<usize> = self.inflight.iter().filter(|(_, f)| f.peer == slot).map(|(k, _)| k).collect();
+        for k in ids {
+            let id = self.inflight[k].id;
+            let e = TransportError {
+                provider: String::new(),
+                errno: 0,
+                text: "lane closed".into(),
+                class: FailureClass::PeerUnreachable,
+            };
+            self.on_completion(id, 0, None, Err(e));
+        }
+        let peer = self.peers[slot].label.clone();
+        self.rendezvous_lost(slot, |op| Error::PeerLost { op, peer: peer.clone(), reason: reason.clone() });
+        self.audit_lost(slot, Some(&reason));
+    }
+
+    /// Fail what a gone peer has queued: unposted receives at once, scheduled ops as soon as
+    /// their posted chunks are back.
+    pub(super) fn fail_peer(&mut self, slot: usize, (peer, reason): (String, String)) {
+        let (gone, kept) = std::mem::take(&mut self.direct).into_iter().partition(|r| r.peer == slot);
+        self.direct = kept;
+        for req in gone {
+            let err = Error::PeerLost { op: req.op, peer: peer.clone(), reason: reason.clone() };
+            self.settle(&req.cell, Err(err));
+        }
+        let ids: Vec<OpId> = self.sched.ops().collect();
+        for id in ids {
+            let Some(h) = self.held[id.0].as_mut() else {
+                continue;
+            };
+            if h.req.peer != slot {
+                continue;
+            }
+            h.error.get_or_insert(Error::PeerLost {
+                op: h.req.op,
+                peer: peer.clone(),
+                reason: reason.clone(),
+            });
+            if let Some(done) = self.sched.fail(id) {
+                self.settle_held(done);
+            }
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! Posting: an op accepted from the submission queue goes to the scheduler or, where it skips
+//! it (receives, latency ops with no bulk to get ahead of), straight to the provider; each
+//! round posts the chunks the scheduler hands out, together, ringing once.
+use std::sync::Arc;
+
+use super::cell::{Done, OpCell};
+use super::cmd::{Draft, OpReq};
+use super::{count_outcome, note_chunk_error, Held, InFlight, Phase, Reactor};
+use crate::base::batch::MAX_SGE;
+use crate::base::error::Error;
+use crate::base::error::OpKind;
+use crate::base::sched::{Chunk, Class, OpDone, OpId, OpSpec, Scheduler};
+use crate::base::stats::Counters;
+use crate::base::transport::{LocalSeg, PostError, Posted, WorkRequest, WrKind};
+use crate::buf::lease;
+
+/// What became of an op posted at once ([`Reactor::post_at_once`]).
+pub(crate) enum AtOnce {
+    /// It finished as it was posted, or failed: no cell was made.
+    Finished(Result<Done, Error>),
+    /// It is in flight, or queued behind a full provider queue: its outcome comes in this cell.
+    InFlight(Arc<OpCell>),
+}
+
+/// The work request for `len` bytes at op offset `offset`, going to the peer's rail
+/// `peer_rail`: its kind (remote address moved to the piece, the rail's key) and its local
+/// segments, written to `segs`; returns how many.
+fn piece(
+    req: &OpReq,
+    offset: usize,
+    len: usize,
+    peer_rail: usize,
+    segs: &mut [LocalSeg; MAX_SGE],
+) -> (WrKind, usize) {
+    let (remote_off, n) = match &req.batch {
+        Some(b) => b.segments(req.seg, offset, len, segs),
+        None => {
+            segs[0] = LocalSeg { ptr: req.seg.ptr.wrapping_add(offset), len, desc: req.seg.desc };
+            (offset as u64, 1)
+        }
+    };
+    let rail_key = |key: u64| match (&req.rail_keys, peer_rail) {
+        (Some(keys), r) if r > 0 => keys.get(r - 1).copied().unwrap_or(key),
+        _ => key,
+    };
+    // A plain write split with an immediate value: only the piece that ends it carries it.
+    let ends_op = req.batch.is_some() || offset + len == req.seg.len;
+    let kind = match req.kind {
+        WrKind::Write { remote_addr, key, imm } => WrKind::Write {
+            remote_addr: remote_addr + remote_off,
+            key: rail_key(key),
+            imm: imm.filter(|_| ends_op),
+        },
+        WrKind::Read { remote_addr, key } => {
+            WrKind::Read { remote_addr: remote_addr + remote_off, key: rail_key(key) }
+        }
+        other => other,
+    };
+    (kind, n)
+}
+
+impl Reactor {
+    /// Queue an op from the driving thread and post what can be posted, commands first so
+    /// nothing overtakes them.
+    pub(crate) fn submit_now(&mut self, req: OpReq) {
+        self.take_commands();
+        Counters::add(&self.counters.submitted);
+        self.accept(req);
+        self.post();
+    }
+
+    /// An op from the driving thread that `accept` would post straight away (a receive, or a
+    /// small latency op while the scheduler holds nothing), with nothing queued ahead of it:
+    /// posted now, and given a cell only if it stays in flight. A small send the provider
+    /// copies as it posts (shm's and tcp's inject) then finishes with no cell made, no
+    /// reference count touched, on a ping-pong's reply path. Any other op comes back, for
+    /// `submit_now`.
+    pub(crate) fn post_at_once(&mut self, draft: Draft, seg: LocalSeg) -> Result<AtOnce, Draft> {
+        self.take_commands();
+        let peer = draft.peer;
+        let live = self.phase == Phase::Running
+            && self.peers.get(peer).is_some_and(|p| p.id == draft.peer_id && p.lost().is_none());
+        if !live || !self.direct.is_empty() || draft.batch.is_some() {
+            return Err(draft);
+        }
+        if !matches!(draft.kind, WrKind::Recv) {
+            let class = draft.class.unwrap_or_else(|| self.sched.config().default_class(seg.len));
+            // (Not above the largest message either: no rendezvous.)
+            if !self.bypasses_scheduler(class, true, seg.len) {
+                return Err(draft);
+            }
+            self.kick_if_asleep(peer);
+            self.sched.note_latency();
+        }
+        Counters::add(&self.counters.submitted);
+        let (id, posted) = self.post_whole(peer, draft.kind, seg);
+        let (op, kind) = (draft.op, draft.kind);
+        Ok(match posted {
+            Ok(Posted::Completed) => {
+                AtOnce::Finished(count_outcome(&self.counters, Ok(Done { len: seg.len, imm: None })))
+            }
+            Ok(Posted::Queued) => {
+                let cell = OpCell::new();
+                self.in_flight(InFlight { id, cell: cell.clone(), peer, op, chunk: None, seg, kind });
+                AtOnce::InFlight(cell)
+            }
+            Err(PostError::Again) => {
+                let cell = OpCell::new();
+                self.direct.push_back(draft.into_req(seg, cell.clone()));
+                AtOnce::InFlight(cell)
+            }
+            Err(PostError::Failed(e)) => {
+                let err = Error::from_transport(op, &self.peers[peer].label, e);
+                AtOnce::Finished(count_outcome(&self.counters, Err(err)))
+            }
+        })
+    }
+
+    /// Does an op other than a receive skip the scheduler, posted directly? A plain
+    /// (unbatched) latency op that goes whole, while the scheduler holds nothing.
+    pub(super) fn bypasses_scheduler(&self, class: Class, plain: bool, len: usize) -> bool {
+        let cfg = self.sched.config();
+        class == Class::Latency
+            && plain
+            && self.sched.is_empty()
+            && len <= cfg.chunk_size.min(cfg.max_message)
+    }
+
+    pub(super) fn accept(&mut self, req: OpReq) {
+        if self.phase != Phase::Running {
+            // Sent as the runtime stopped (its queue was drained already): the lanes are
+            // closing or closed.
+            self.settle(&req.cell, Err(Error::Shutdown { op: req.op }));
+            return;
+        }
+        let peer = self.peers.get(req.peer).filter(|p| p.id == req.peer_id);
+        let gone = match peer {
+            None => Some((String::from("-"), String::from("endpoint closed"))),
+            Some(p) => p.lost().map(|r| (p.label.clone(), r.to_string())),
+        };
+        if let Some((peer, reason)) = gone {
+            let err = Error::PeerLost { op: req.op, peer, reason };
+            self.settle(&req.cell, Err(err));
+            return;
+        }
+        if matches!(req.kind, WrKind::Recv) {
+            self.push_direct(req);
+            return;
+        }
+        self.kick_if_asleep(req.peer);
+        let req = if req.seg.len > self.sched.config().max_message
+            && matches!(req.kind, WrKind::Send { imm: None })
+            && req.batch.is_none()
+        {
+            match self.offer(req) {
+                Some(marker) => marker,
+                None => return,
+            }
+        } else {
+            req
+        };
+        let len = req.len();
+        let class = req.class.unwrap_or_else(|| self.sched.config().default_class(len));
+        let plain = req.batch.is_none();
+        if self.bypasses_scheduler(class, plain, len) {
+            self.sched.note_latency();
+            self.push_direct(req);
+            return;
+        }
+        let one_sided = matches!(req.kind, WrKind::Write { .. } | WrKind::Read { .. });
+        let p = &self.peers[req.peer];
+        // Messages stay on the first lane, where the peer posts its receives. With several
+        // lanes, the first is the express lane: bulk rotates over the others, so a latency op
+        // (which takes the least-loaded lane) finds one with no bulk queued on it.
+        let lanes = match (one_sided, class) {
+            (false, _) => p.msg_lane.clone(),
+            (true, Class::Bulk) if p.lane_ids.len() > 1 => p.bulk_lanes.clone(),
+            (true, _) => p.lane_ids.clone(),
+        };
+        let lanes = match (one_sided, &req.rail_keys) {
+            (true, keys) => p.keyed(lanes, 1 + keys.as_ref().map_or(0, |k| k.len())),
+            (false, _) => lanes,
+        };
+        // An immediate value raises one event per work request: ops carrying one are not split
+        // (a batch's pieces each carry it, one work request apiece), except a plain write above
+        // the largest message: its last piece alone carries the value, and goes out once the
+        // rest has landed.
+        let imm = matches!(req.kind, WrKind::Write { imm: Some(_), .. });
+        let max = self.sched.config().max_message;
+        let tail = if imm && plain && len > max { max } else { 0 };
+        let cuts = req.batch.as_ref().map(|b| b.cuts.clone());
+        let splittable = one_sided && (!imm || tail > 0);
+        let spec = OpSpec { tenant: req.tenant, class, len, lanes, splittable, cuts, tail };
+        let id = self.sched.push(spec);
+        if self.held.len() <= id.0 {
+            self.held.resize_with(id.0 + 1, || None);
+        }
+        self.held[id.0] = Some(Held { req, error: None, posted: 0 });
+    }
+
+    pub(super) fn post(&mut self) -> bool {
+        let mut work = self.post_direct();
+        if self.sched.is_empty() {
+            return work;
+        }
+        self.chunks.clear();
+        self.sched.next(&mut self.chunks, self.sched.config().post_batch.max(1));
+        let mut chunks = std::mem::take(&mut self.chunks);
+        work |= !chunks.is_empty();
+        // First the chunks whose op is gone or whose peer is lost go back; the rest are posted
+        // together, each but the last flagged `more` so the provider may ring once.
+        let mut i = 0;
+        while i < chunks.len() {
+            let c = chunks[i];
+            let last_of_op = !chunks[i + 1..].iter().any(|x| x.op == c.op);
+            let h = self.held[c.op.0].as_ref().expect("scheduled ops are held");
+            // Only the reactor holds the cell (here and in its posted chunks): the future was
+            // dropped. Withdraw the rest.
+            if h.req.cell.abandoned(1 + h.posted) {
+                self.give_back(c, last_of_op, Scheduler::cancel);
+                chunks.remove(i);
+                continue;
+            }
+            let p = &self.peers[h.req.peer];
+            if let Some((peer, reason)) = p.lost().map(|r| (p.label.clone(), r.to_string())) {
+                let h = self.held[c.op.0].as_mut().expect("held");
+                h.error.get_or_insert(Error::PeerLost { op: h.req.op, peer, reason });
+                self.give_back(c, last_of_op, Scheduler::fail);
+                chunks.remove(i);
+                continue;
+            }
+            i += 1;
+        }
+        let mut segs = [LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 }; MAX_SGE];
+        for (i, &c) in chunks.iter().enumerate() {
+            let h = self.held[c.op.0].as_ref().expect("held");
+            let (peer_addr, peer_rail) = self.peers[h.req.peer].route(c.lane);
+            let (kind, n) = piece(&h.req, c.offset, c.len, peer_rail, &mut segs);
+            let entry = self.inflight.vacant_entry();
+            self.generation += 1;
+            let id = (self.generation << 24) | entry.key() as u64;
+            let wr = WorkRequest {
+                id,
+                lane: c.lane,
+                peer: peer_addr,
+                kind,
+                local: &segs[..n],
+                more: i + 1 < chunks.len(),
+            };
+            match lease::post(self.t.as_mut(), &wr) {
+                Ok(Posted::Queued) => {
+                    Counters::add(&self.counters.posted);
+                    self.counters.add_rail_bytes(self.lane_rail.get(c.lane).copied().unwrap_or(0), c.len);
+                    let (cell, peer, op, seg) = (h.req.cell.clone(), h.req.peer, h.req.op, h.req.seg);
+                    entry.insert(InFlight { id, cell, peer, op, chunk: Some(c), seg, kind });
+                    if let Some(h) = self.held[c.op.0].as_mut() {
+                        h.posted += 1;
+                    }
+                    self.peers[peer].inflight += 1;
+                    self.active += 1;
+                }
+                Ok(Posted::Completed) => {
+                    Counters::add(&self.counters.posted);
+                    if let Some(done) = self.sched.complete(c, true) {
+                        self.settle_held(done);
+                    }
+                }
+                Err(PostError::Again) => {
+                    // The queue is full: this chunk and the rest go back, to be posted first
+                    // (those of an op withdrawn meanwhile are dropped, which may end it).
+                    for &c in &chunks[i..] {
+                        if let Some(done) = self.sched.unissue(c) {
+                            self.settle_held(done);
+                        }
+                    }
+                    break;
+                }
+                Err(PostError::Failed(e)) => {
+                    let h = self.held[c.op.0].as_mut().expect("held");
+                    let label = &self.peers[h.req.peer].label;
+                    let e = Error::from_transport(h.req.op, label, e);
+                    note_chunk_error(h, c.offset, e);
+                    if let Some(done) = self.sched.complete(c, false) {
+                        self.settle_held(done);
+                    }
+                }
+            }
+        }
+        chunks.clear();
+        self.chunks = chunks;
+        work
+    }
+
+    pub(super) fn post_direct(&mut self) -> bool {
+        let mut work = false;
+        while let Some(req) = self.direct.pop_front() {
+            match self.post_req(req) {
+                Ok(()) => work = true,
+                Err(req) => {
+                    self.direct.push_front(req);
+                    break;
+                }
+            }
+        }
+        work
+    }
+
+    /// A chunk of an op that is not to be posted goes back; with the op's last chunk of the
+    /// round, `end` (cancel or fail) withdraws the rest. Finishes the op if that ended it.
+    pub(super) fn give_back(
+        &mut self,
+        c: Chunk,
+        last_of_op: bool,
+        end: fn(&mut Scheduler, OpId) -> Option<OpDone>,
+    ) {
+        let done = match self.sched.unissue(c) {
+            None if last_of_op => end(&mut self.sched, c.op),
+            done => done,
+        };
+        if let Some(done) = done {
+            self.settle_held(done);
+        }
+    }
+
+    /// Post one op that bypasses the scheduler, or resolve it (withdrawn, peer lost, failed);
+    /// it comes back only when the provider's queue is full.
+    pub(super) fn post_req(&mut self, req: OpReq) -> Result<(), OpReq> {
+        if req.cell.abandoned(1) {
+            Counters::add(&self.counters.withdrawn);
+            return Ok(());
+        }
+        let p = &self.peers[req.peer];
+        if let Some(reason) = p.lost() {
+            let err = Error::PeerLost { op: req.op, peer: p.label.clone(), reason: reason.to_string() };
+            self.settle(&req.cell, Err(err));
+            return Ok(());
+        }
+        let (id, posted) = self.post_whole(req.peer, req.kind, req.seg);
+        match posted {
+            Ok(Posted::Completed) => {
+                self.settle(&req.cell, Ok(Done { len: req.seg.len, imm: None }));
+            }
+            Ok(Posted::Queued) => {
+                let (cell, peer, op, seg, kind) = (req.cell, req.peer, req.op, req.seg, req.kind);
+                self.in_flight(InFlight { id, cell, peer, op, chunk: None, seg, kind });
+            }
+            Err(PostError::Again) => return Err(req),
+            Err(PostError::Failed(e)) => {
+                let label = &self.peers[req.peer].label;
+                self.settle(&req.cell, Err(Error::from_transport(req.op, label, e)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Post a whole op that bypasses the scheduler (on the peer's first lane, where its
+    /// receives are), as the request id returned, the next free slot of `inflight`.
+    pub(super) fn post_whole(
+        &mut self,
+        peer: usize,
+        kind: WrKind,
+        seg: LocalSeg,
+    ) -> (u64, Result<Posted, PostError>) {
+        let (lane, addr, _) = self.peers[peer].lanes[0];
+        self.generation += 1;
+        let id = (self.generation << 24) | self.inflight.vacant_key() as u64;
+        // A receive larger than any message the provider takes posts what it can take: a
+        // larger message comes as a rendezvous marker and is read into the whole buffer.
+        let local = LocalSeg { len: seg.len.min(self.provider_max), ..seg };
+        let wr = WorkRequest { id, lane, peer: addr, kind, local: std::slice::from_ref(&local), more: false };
+        let posted = lease::post(self.t.as_mut(), &wr);
+        if posted.is_ok() {
+            Counters::add(&self.counters.posted);
+        }
+        (id, posted)
+    }
+
+    /// A request `post_whole` posted is in flight.
+    pub(super) fn in_flight(&mut self, f: InFlight) {
+        if f.op != OpKind::Recv {
+            self.active += 1;
+        }
+        self.peers[f.peer].inflight += 1;
+        let slot = self.inflight.insert(f);
+        debug_assert_eq!(
+            Some(slot as u64),
+            self.inflight.get(slot).map(|f| f.id & crate::base::transport::WR_SLOT_MASK)
+        );
+    }
+
+    /// An op that bypasses the scheduler: posted now when nothing waits ahead of it.
+    pub(super) fn push_direct(&mut self, req: OpReq) {
+        if !self.direct.is_empty() {
+            self.direct.push_back(req);
+        } else if let Err(req) = self.post_req(req) {
+            self.direct.push_back(req);
+        }
+    }
+}
