@@ -182,7 +182,7 @@ fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
         for comp in &comps {
             if let Completion::Op { id, status, .. } = comp {
                 status.clone()?;
-                free.push(*id as usize);
+                free.push(id.to_raw() as usize);
                 done += 1;
                 if done == a.warmup {
                     started = Some(Instant::now());

@@ -198,7 +198,7 @@ fn raw_wait_byte(
         for comp in comps.iter() {
             if let Completion::Op { id, status, .. } = comp {
                 status.clone()?;
-                c.early.push(*id);
+                c.early.push(id.to_raw());
             }
         }
     }
@@ -410,11 +410,11 @@ fn wait_for(c: &mut RawConn, mut pending: Vec<u64>, comps: &mut Vec<Completion>)
         for comp in comps.iter() {
             if let Completion::Op { id, status, .. } = comp {
                 status.clone()?;
-                match pending.iter().position(|p| p == id) {
+                match pending.iter().position(|p| *p == id.to_raw()) {
                     Some(i) => {
                         pending.swap_remove(i);
                     }
-                    None => c.early.push(*id),
+                    None => c.early.push(id.to_raw()),
                 }
             }
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdmalane::backend::{
     Access, Caps, Completion, LaneId, LocalSeg, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
-    WorkRequest, WrKind,
+    WorkRequest, WrId, WrKind,
 };
 use rdmalane::{Error, OpKind, Result, TransportError};
 use slab::Slab;
@@ -30,7 +30,7 @@ const NO_MR: u64 = u64::MAX;
 #[repr(C)]
 struct Ctx {
     fi: ffi::fi_context2,
-    id: u64,
+    id: WrId,
 }
 
 /// One lane: an endpoint and its own completion queue, on one rail.
@@ -381,10 +381,10 @@ impl FabricTransport {
 
     /// The context for request `id`: one per slot (the low bits of the id, reused only after
     /// the slot's request completed), stamped with the whole id.
-    fn ctx(&mut self, id: u64) -> *mut std::ffi::c_void {
-        let i = (id & rdmalane::backend::WR_SLOT_MASK) as usize;
+    fn ctx(&mut self, id: WrId) -> *mut std::ffi::c_void {
+        let i = id.slot();
         while self.ctxs.len() <= i {
-            self.ctxs.push(Box::new(Ctx { fi: ffi::fi_context2::default(), id: 0 }));
+            self.ctxs.push(Box::new(Ctx { fi: ffi::fi_context2::default(), id: WrId::from_raw(0) }));
         }
         self.ctxs[i].id = id;
         &mut *self.ctxs[i] as *mut Ctx as *mut _

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use rdmalane::backend::{
     Access, Completion, LaneId, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport,
 };
-use rdmalane::backend::{WorkRequest, WrKind};
+use rdmalane::backend::{WorkRequest, WrId, WrKind};
 use rdmalane::{Error, OpKind, Result};
 
 use crate::FabricTransport;
@@ -142,7 +142,14 @@ impl RawEngine {
         more: bool,
     ) -> Result<Posted, PostError> {
         let seg = self.seg(mem, off, len)?;
-        let wr = WorkRequest { id, lane: self.lane, peer, kind, local: std::slice::from_ref(&seg), more };
+        let wr = WorkRequest {
+            id: WrId::from_raw(id),
+            lane: self.lane,
+            peer,
+            kind,
+            local: std::slice::from_ref(&seg),
+            more,
+        };
         // SAFETY: the memory belongs to the engine and outlives the endpoint (see field order).
         unsafe { self.t.post(&wr) }
     }

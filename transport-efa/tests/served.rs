@@ -39,7 +39,7 @@ fn a_passive_shm_target_notices_the_one_sided_ops_it_serves() {
             init.poll(&mut comps, 16);
             for c in comps.drain(..) {
                 match c {
-                    Completion::Op { id, status, .. } if id == round => {
+                    Completion::Op { id, status, .. } if id.to_raw() == round => {
                         status.unwrap();
                         done = true;
                     }

@@ -9,7 +9,7 @@ use rdma_sys::{
 };
 use rdmalane::backend::{
     Access, Caps, Completion, LaneId, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
-    WorkRequest, WrKind, WR_SLOT_MASK,
+    WorkRequest, WrId, WrKind,
 };
 use rdmalane::{Error, FailureClass, OpKind, Result, TransportError};
 use slab::Slab;
@@ -237,8 +237,15 @@ impl VerbsTransport {
             let first_bad = (0..n).find(|&i| ptr::eq(&run[i].wr, bad)).unwrap_or(0);
             for p in &run[first_bad..] {
                 lane.posted[q].retain(|&id| id != p.wr.wr_id);
-                self.ready
-                    .push((l, Completion::Op { id: p.wr.wr_id, len: 0, imm: None, status: Err(e.clone()) }));
+                self.ready.push((
+                    l,
+                    Completion::Op {
+                        id: WrId::from_raw(p.wr.wr_id),
+                        len: 0,
+                        imm: None,
+                        status: Err(e.clone()),
+                    },
+                ));
             }
             fail_lane(lane, format!("posting failed: {e}"));
         }
@@ -281,7 +288,7 @@ impl VerbsTransport {
                 }
                 continue;
             }
-            let slot = (id & WR_SLOT_MASK) as usize;
+            let slot = WrId::from_raw(id).slot();
             let is_recv = self.recv_slots.get(slot).copied().unwrap_or(false);
             let status = if ok {
                 Ok(())
@@ -314,7 +321,7 @@ impl VerbsTransport {
                 let imm = (status.is_ok() && flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
                     .then_some(u32::from_be(imm_be) as u64);
                 let len = if status.is_ok() { len as usize } else { 0 };
-                out.push((l, Completion::Op { id, len, imm, status }));
+                out.push((l, Completion::Op { id: WrId::from_raw(id), len, imm, status }));
                 continue;
             }
             // A send-queue completion: everything posted before it on its QP is done too.
@@ -326,10 +333,13 @@ impl VerbsTransport {
                 continue;
             };
             for front in lane.posted[q].drain(..at) {
-                out.push((l, Completion::Op { id: front, len: 0, imm: None, status: Ok(()) }));
+                out.push((
+                    l,
+                    Completion::Op { id: WrId::from_raw(front), len: 0, imm: None, status: Ok(()) },
+                ));
             }
             lane.posted[q].pop_front();
-            out.push((l, Completion::Op { id, len: 0, imm: None, status }));
+            out.push((l, Completion::Op { id: WrId::from_raw(id), len: 0, imm: None, status }));
         }
         n as usize
     }
@@ -549,10 +559,10 @@ impl Transport for VerbsTransport {
             )));
         }
         if wr.kind == WrKind::Recv {
-            let slot = (wr.id & WR_SLOT_MASK) as usize;
+            let slot = wr.id.slot();
             // SAFETY: a zeroed ibv_recv_wr, then filled; its scatter list lives for the call.
             let mut rwr: rdma_sys::ibv_recv_wr = unsafe { std::mem::zeroed() };
-            rwr.wr_id = wr.id;
+            rwr.wr_id = wr.id.to_raw();
             rwr.sg_list = sges.as_mut_ptr();
             rwr.num_sge = n as i32;
             let mut bad = ptr::null_mut();
@@ -572,7 +582,7 @@ impl Transport for VerbsTransport {
             return Ok(Posted::Queued);
         }
         // The slot may have held a receive on a lane closed since: it is a send's now.
-        if let Some(r) = self.recv_slots.get_mut((wr.id & WR_SLOT_MASK) as usize) {
+        if let Some(r) = self.recv_slots.get_mut(wr.id.slot()) {
             *r = false;
         }
         if !lane.connected {
@@ -592,7 +602,7 @@ impl Transport for VerbsTransport {
         }
         // SAFETY: a zeroed ibv_send_wr is valid; `flush` links it and points it at its sges.
         let mut swr: rdma_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        swr.wr_id = wr.id;
+        swr.wr_id = wr.id.to_raw();
         swr.num_sge = n as i32;
         // One-sided requests name the peer's region by a 32-bit rkey; a wider key is none of
         // this device's.

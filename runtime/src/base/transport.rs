@@ -126,15 +126,51 @@ pub enum WrKind {
     Recv,
 }
 
-/// Work request ids: the low bits name a slot the caller reuses only after that request's
-/// completion (transports may keep per-slot state); the high bits make each id unique.
-pub const WR_SLOT_MASK: u64 = (1 << 24) - 1;
+/// A work request's id, built and read only here. Its low 24 bits name a slot the caller
+/// reuses only after that request's completion (a transport may keep per-slot state there);
+/// the bits above are a generation that makes each id unique, so that a stale completion (of a
+/// request failed when its lane closed) is told from the slot's next request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WrId(u64);
+
+impl WrId {
+    /// Bits of the slot.
+    const SLOT_BITS: u32 = 24;
+    /// Slots there are.
+    pub const SLOTS: usize = 1 << Self::SLOT_BITS;
+
+    /// The id of `slot` (below [`SLOTS`](Self::SLOTS)) in `generation`.
+    pub fn new(slot: usize, generation: u64) -> WrId {
+        debug_assert!(slot < Self::SLOTS, "slot {slot} out of range");
+        WrId((generation << Self::SLOT_BITS) | (slot & (Self::SLOTS - 1)) as u64)
+    }
+
+    /// The slot.
+    pub fn slot(self) -> usize {
+        (self.0 & (Self::SLOTS as u64 - 1)) as usize
+    }
+
+    /// The generation.
+    pub fn generation(self) -> u64 {
+        self.0 >> Self::SLOT_BITS
+    }
+
+    /// The id as one word, for a provider's context field.
+    pub fn to_raw(self) -> u64 {
+        self.0
+    }
+
+    /// The id a provider gave back from its context field.
+    pub fn from_raw(raw: u64) -> WrId {
+        WrId(raw)
+    }
+}
 
 /// One work request for [`Transport::post`].
 #[derive(Debug)]
 pub struct WorkRequest<'a> {
     /// Returned in the completion.
-    pub id: u64,
+    pub id: WrId,
     /// The lane to post on.
     pub lane: LaneId,
     /// The peer (as `connect_lane` returned it for this lane).
@@ -153,7 +189,7 @@ pub enum Completion {
     /// A posted work request finished.
     Op {
         /// Its id.
-        id: u64,
+        id: WrId,
         /// Bytes moved (received length for receives).
         len: usize,
         /// Immediate data that came with a received message.

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use super::{cell_key, Reactor};
 use crate::base::control::{Ctl, Verdict};
 use crate::base::error::{Error, FailureClass, OpKind};
+use crate::base::transport::WrId;
 use crate::base::transport::{Access, MemoryRegion, WrKind};
 use crate::reactor::cell::{Done, OpCell};
 
@@ -38,7 +39,7 @@ struct Asking {
     slot: usize,
     token: u32,
     /// The request asked about.
-    id: u64,
+    id: WrId,
     /// Held so the cell's address names this op until it is settled.
     cell: Arc<OpCell>,
     verdict: Option<Verdict>,
@@ -146,7 +147,7 @@ impl Reactor {
     /// allowed (once per op).
     pub(super) fn question(
         &mut self,
-        id: u64,
+        id: WrId,
         slot: usize,
         op: OpKind,
         kind: WrKind,
@@ -262,7 +263,7 @@ impl Reactor {
             .inflight
             .iter()
             .filter(|(_, f)| {
-                f.id >> 24 < since && matches!(f.kind, WrKind::Write { .. } | WrKind::Read { .. })
+                f.id.generation() < since && matches!(f.kind, WrKind::Write { .. } | WrKind::Read { .. })
             })
             .map(|(_, f)| (f.id, f.peer, f.op, f.kind, f.len(), f.cell.clone()))
             .collect();
@@ -274,11 +275,10 @@ impl Reactor {
     /// The target refused an op the provider will never complete. Its requests may still be
     /// queued in the provider, so only closing the peer's lanes makes sure nothing touches
     /// their memory: the peer is lost, and the refused op fails as `RemoteAccess`.
-    fn fail_silent(&mut self, slot: usize, id: u64, why: &str) {
+    fn fail_silent(&mut self, slot: usize, id: WrId, why: &str) {
         // The refused request's own failure first, so a batch names its piece (the peer's loss
         // would otherwise be the op's first error).
-        let f =
-            self.inflight.get((id & crate::base::transport::WR_SLOT_MASK) as usize).filter(|f| f.id == id);
+        let f = self.inflight.get(id.slot()).filter(|f| f.id == id);
         if let Some(c) = f.and_then(|f| f.chunk) {
             let e = Error::Transport {
                 op: f.map_or(OpKind::Write, |f| f.op),
@@ -438,7 +438,8 @@ mod tests {
     fn ask(r: &mut Reactor, cell: &Arc<OpCell>, token: u32, asked: Instant, parked: Option<Error>) {
         let k = cell_key(cell);
         r.audit.by_token.insert(token, k);
-        let a = Asking { slot: 0, token, id: 1, cell: cell.clone(), verdict: None, parked, asked };
+        let a =
+            Asking { slot: 0, token, id: WrId::new(1, 1), cell: cell.clone(), verdict: None, parked, asked };
         r.audit.asking.insert(k, a);
     }
 

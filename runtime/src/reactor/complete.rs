@@ -7,6 +7,7 @@ use crate::base::error::{Error, FailureClass, TransportError};
 use crate::base::sched::OpDone;
 use crate::base::stats::Counters;
 use crate::base::transport::Completion;
+use crate::base::transport::WrId;
 
 /// Record a chunk's failure on its op, naming the batch piece it belongs to. Of several failed
 /// pieces the lowest is kept: completions come in no particular order, and the first piece to
@@ -70,15 +71,15 @@ impl Reactor {
 
     pub(super) fn on_completion(
         &mut self,
-        id: u64,
+        id: WrId,
         len: usize,
         imm: Option<u64>,
         status: Result<(), TransportError>,
     ) {
-        let slot = (id & crate::base::transport::WR_SLOT_MASK) as usize;
+        let slot = id.slot();
         if self.inflight.get(slot).is_none_or(|f| f.id != id) {
             // A completion from a lane closed since (its request was failed then).
-            tracing::debug!(id, "stale completion ignored");
+            tracing::debug!(id = id.to_raw(), "stale completion ignored");
             return;
         }
         let f = self.inflight.remove(slot);

@@ -30,6 +30,7 @@ use crate::base::error::{Error, FailureClass, OpKind, TransportError};
 use crate::base::imm::ImmQueue;
 use crate::base::sched::{Chunk, SchedConfig, Scheduler};
 use crate::base::stats::Counters;
+use crate::base::transport::WrId;
 use crate::base::transport::{Access, Completion, LocalSeg, MemoryRegion, Transport, WrKind};
 use crate::buf::lease;
 use crate::reactor::cell::{Done, OpCell};
@@ -56,7 +57,7 @@ pub(crate) const TOKEN_GROUP_SHIFT: u32 = 27;
 /// Kept to 128 bytes: a completion moves it out of the slab, and up to that size moves inline.
 struct InFlight {
     /// The whole request id (slot and generation).
-    id: u64,
+    id: WrId,
     cell: Arc<OpCell>,
     peer: usize,
     op: OpKind,

@@ -11,6 +11,7 @@ use crate::base::error::Error;
 use crate::base::error::OpKind;
 use crate::base::sched::{Chunk, Class, OpDone, OpId, OpSpec, Scheduler};
 use crate::base::stats::Counters;
+use crate::base::transport::WrId;
 use crate::base::transport::{LocalSeg, PostError, Posted, WorkRequest, WrKind};
 use crate::buf::lease;
 
@@ -238,7 +239,7 @@ impl Reactor {
             let (kind, n) = piece(&h.req, c.offset, c.len, peer_rail, &mut segs);
             let entry = self.inflight.vacant_entry();
             self.generation += 1;
-            let id = (self.generation << 24) | entry.key() as u64;
+            let id = WrId::new(entry.key(), self.generation);
             let wr = WorkRequest {
                 id,
                 lane: c.lane,
@@ -360,10 +361,10 @@ impl Reactor {
         peer: usize,
         kind: WrKind,
         seg: LocalSeg,
-    ) -> (u64, Result<Posted, PostError>) {
+    ) -> (WrId, Result<Posted, PostError>) {
         let (lane, addr, _) = self.peers[peer].lanes[0];
         self.generation += 1;
-        let id = (self.generation << 24) | self.inflight.vacant_key() as u64;
+        let id = WrId::new(self.inflight.vacant_key(), self.generation);
         // A receive larger than any message the provider takes posts what it can take: a
         // larger message comes as a rendezvous marker and is read into the whole buffer.
         let local = LocalSeg { len: seg.len.min(self.provider_max), ..seg };
@@ -382,10 +383,7 @@ impl Reactor {
         }
         self.peers[f.peer].inflight += 1;
         let slot = self.inflight.insert(f);
-        debug_assert_eq!(
-            Some(slot as u64),
-            self.inflight.get(slot).map(|f| f.id & crate::base::transport::WR_SLOT_MASK)
-        );
+        debug_assert_eq!(Some(slot), self.inflight.get(slot).map(|f| f.id.slot()));
     }
 
     /// An op that bypasses the scheduler: posted now when nothing waits ahead of it.

@@ -373,6 +373,7 @@ impl Reactor {
 mod tests {
     use super::*;
     use crate::base::control::Verdict;
+    use crate::base::transport::WrId;
     use crate::reactor::testing::{cancelled, peer, reactor};
 
     #[test]
@@ -383,7 +384,7 @@ mod tests {
         r.rndv.pulling.insert(cell_key(&cell), Pulling { slot, token: 42, _cell: cell.clone() });
         // The read came back cancelled (tcp;ofi_rxm dropped the connection): its target is
         // asked, and the receive waits for the answer.
-        r.question(1, slot, OpKind::Recv, WrKind::Read { remote_addr: 0, key: 9 }, 64, &cell);
+        r.question(WrId::new(1, 1), slot, OpKind::Recv, WrKind::Read { remote_addr: 0, key: 9 }, 64, &cell);
         let Ok(Ctl::Check { token, key: 9, write: false, .. }) = told.try_recv() else {
             panic!("the sender should be asked about its key");
         };

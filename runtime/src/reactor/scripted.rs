@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::base::error::{FailureClass, TransportError};
+use crate::base::transport::WrId;
 use crate::base::transport::{
     Access, Caps, Completion, LaneId, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
     WorkRequest, WrKind,
@@ -16,7 +17,7 @@ use crate::base::transport::{
 /// A work request as the transport saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Wr {
-    pub id: u64,
+    pub id: WrId,
     pub lane: LaneId,
     pub kind: WrKind,
     /// Bytes over all its segments.
@@ -98,14 +99,14 @@ impl Script {
     }
 
     /// Complete the pending request `id`, successfully or not; `len` for a receive.
-    pub fn complete(&self, id: u64, status: Result<(), TransportError>) {
+    pub fn complete(&self, id: WrId, status: Result<(), TransportError>) {
         self.complete_with(id, None, None, status);
     }
 
     /// As `complete`, with a received length and immediate value.
     pub fn complete_with(
         &self,
-        id: u64,
+        id: WrId,
         len: Option<usize>,
         imm: Option<u64>,
         status: Result<(), TransportError>,
@@ -118,7 +119,7 @@ impl Script {
 
     /// Complete every pending request successfully, newest first.
     pub fn complete_all_reversed(&self) -> usize {
-        let ids: Vec<u64> = self.pending().iter().rev().map(|w| w.id).collect();
+        let ids: Vec<WrId> = self.pending().iter().rev().map(|w| w.id).collect();
         ids.iter().for_each(|&id| self.complete(id, Ok(())));
         ids.len()
     }
@@ -169,7 +170,7 @@ impl Transport for Scripted {
         let mut s = self.script.state();
         s.closed.push(lane);
         // The contract: once closed, none of the lane's requests completes.
-        let gone: Vec<u64> = s.pending.iter().filter(|w| w.lane == lane).map(|w| w.id).collect();
+        let gone: Vec<WrId> = s.pending.iter().filter(|w| w.lane == lane).map(|w| w.id).collect();
         s.pending.retain(|w| w.lane != lane);
         s.ready.retain(|c| !matches!(c, Completion::Op { id, .. } if gone.contains(id)));
     }
