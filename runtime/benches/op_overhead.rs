@@ -28,7 +28,7 @@ impl Transport for Null {
     }
     fn open_lane(&mut self, _rail: usize) -> Result<(LaneId, Vec<u8>), TransportError> {
         self.lanes += 1;
-        Ok((self.lanes, vec![self.lanes as u8]))
+        Ok((rdmalane::backend::LaneId(self.lanes), vec![self.lanes as u8]))
     }
     fn connect_lane(&mut self, _: LaneId, _: &[u8]) -> Result<PeerAddr, TransportError> {
         Ok(0)

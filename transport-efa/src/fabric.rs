@@ -535,30 +535,32 @@ impl Transport for FabricTransport {
             crate::shm_peers::opened(&buf);
         }
         let name = if shm { buf.clone() } else { Vec::new() };
-        Ok((self.lanes.insert(Lane { ep, cq, fd, addr: None, rail, name, peer: None }), buf))
+        Ok((LaneId(self.lanes.insert(Lane { ep, cq, fd, addr: None, rail, name, peer: None })), buf))
     }
 
     fn connect_lane(&mut self, lane: LaneId, name: &[u8]) -> Result<PeerAddr, TransportError> {
-        if !self.lanes.contains(lane) {
+        if !self.lanes.contains(lane.index()) {
             return Err(self.err(-(ffi::FI_EINVAL as i64), "connect_lane: no such lane"));
         }
         let mut addr: ffi::fi_addr_t = 0;
-        let av = self.rails[self.lanes[lane].rail].av;
+        let av = self.rails[self.lanes[lane.index()].rail].av;
         // SAFETY: `name` is a peer address of this provider's format (the handshake checked the
         // provider); libfabric copies it.
         let n = unsafe { ffi::fi_av_insert(av, name.as_ptr() as *const _, 1, &mut addr, 0, ptr::null_mut()) };
         if n != 1 {
             return Err(self.err(if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) }, "fi_av_insert"));
         }
-        self.lanes[lane].addr = Some(addr);
+        self.lanes[lane.index()].addr = Some(addr);
         if self.caps.provider == "shm" {
-            self.lanes[lane].peer = Some(name.to_vec());
+            self.lanes[lane.index()].peer = Some(name.to_vec());
         }
         Ok(addr)
     }
 
     fn close_lane(&mut self, lane: LaneId) {
-        let Some(Lane { ep, cq, addr, rail, name, peer, .. }) = self.lanes.try_remove(lane) else { return };
+        let Some(Lane { ep, cq, addr, rail, name, peer, .. }) = self.lanes.try_remove(lane.index()) else {
+            return;
+        };
         let Some(_inside) = Teardown::enter() else { return };
         let patience = patience(self.hurried_until);
         // SAFETY: the lane's endpoint and CQ, just taken out of the transport.
@@ -663,7 +665,7 @@ impl Transport for FabricTransport {
         if n == 0 || n > iov.len().min(self.caps.iov_limit) {
             return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "scatter list length")));
         }
-        let Some(&Lane { ep, rail, .. }) = self.lanes.get(wr.lane) else {
+        let Some(&Lane { ep, rail, .. }) = self.lanes.get(wr.lane.index()) else {
             return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "post: no such lane")));
         };
         let multi = self.rails.len() > 1;
@@ -865,7 +867,7 @@ impl Drop for FabricTransport {
             let mut hurried = self.hurried_until;
             for (id, lane) in self.lanes.iter() {
                 let patience = patience(hurried);
-                if !close_endpoint(id, lane.ep, lane.cq, &lane.name, lane.peer.as_deref(), patience) {
+                if !close_endpoint(LaneId(id), lane.ep, lane.cq, &lane.name, lane.peer.as_deref(), patience) {
                     hurried = Some(std::time::Instant::now() + HURRY);
                 }
             }
@@ -929,14 +931,17 @@ unsafe fn close_endpoint(
     match wait {
         crate::shm_peers::Wait::Exiting => return true,
         crate::shm_peers::Wait::TimedOut => {
-            tracing::warn!(lane, "an shm peer endpoint of this process still serves: closing anyway")
+            tracing::warn!(
+                lane = lane.index(),
+                "an shm peer endpoint of this process still serves: closing anyway"
+            )
         }
         crate::shm_peers::Wait::Clear => {}
     }
     // SAFETY: the caller's contract: an endpoint and CQ of ours, closed once.
     let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
     if r != 0 {
-        tracing::warn!(lane, error = %fi_error(r), "fi_close(ep)");
+        tracing::warn!(lane = %lane, error = %fi_error(r), "fi_close(ep)");
     }
     // SAFETY: as above.
     unsafe { ffi::fi_close(&mut (*cq).fid) };

@@ -208,7 +208,7 @@ impl VerbsTransport {
     /// Post `run` (requests for one queue pair) as one linked list.
     fn post_run(&mut self, run: &mut [Pending]) {
         let (l, q) = (run[0].lane, run[0].q);
-        let Some(lane) = self.lanes.get_mut(l) else { return };
+        let Some(lane) = self.lanes.get_mut(l.index()) else { return };
         let n = run.len();
         for (k, p) in run.iter_mut().enumerate() {
             lane.since_signal[q] += 1;
@@ -253,7 +253,7 @@ impl VerbsTransport {
 
     /// Read up to `max` completions of lane `l` into `out`.
     fn drain_cq(&mut self, l: LaneId, out: &mut Vec<(LaneId, Completion)>, max: usize) -> usize {
-        let Some(lane) = self.lanes.get(l) else { return 0 };
+        let Some(lane) = self.lanes.get(l.index()) else { return 0 };
         let cq = lane.cq;
         // SAFETY: `wcs` holds CQ_BATCH entries; we ask for at most that many.
         let n = unsafe { rdma_sys::ibv_poll_cq(cq, max.min(CQ_BATCH) as i32, self.wcs.as_mut_ptr()) };
@@ -268,7 +268,7 @@ impl VerbsTransport {
             let imm_be = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
             let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
             let provider = &self.caps.provider;
-            let lane = &mut self.lanes[l];
+            let lane = &mut self.lanes[l.index()];
             if id == NOTIFY_RECV {
                 if ok && opcode == op::IBV_WC_RECV_RDMA_WITH_IMM {
                     out.push((
@@ -276,12 +276,12 @@ impl VerbsTransport {
                         Completion::RemoteWrite { imm: u32::from_be(imm_be) as u64, len: len as usize },
                     ));
                     // One consumed, one back; a failure shows as the lane's failure next.
-                    let lane = &self.lanes[l];
+                    let lane = &self.lanes[l.index()];
                     let r = self.post_notify_recvs(lane, 1);
                     if r != 0 {
                         let e = call_error(provider, "ibv_post_recv", r);
                         let why = format!("re-posting a notify receive failed: {e}");
-                        fail_lane(&mut self.lanes[l], why);
+                        fail_lane(&mut self.lanes[l.index()], why);
                     }
                 } else if !ok && lane.failed.is_none() {
                     fail_lane(lane, wc_error(provider, status, vendor).to_string());
@@ -411,7 +411,7 @@ impl Transport for VerbsTransport {
         let r = self.post_notify_recvs(&lane, NOTIFY_RECVS);
         // SAFETY: reading the QP numbers of the QPs just created.
         let qpn = unsafe { [(*qp[DATA]).qp_num, (*qp[NOTIFY]).qp_num] };
-        let id = self.lanes.insert(lane);
+        let id = LaneId(self.lanes.insert(lane));
         self.lane_ids.push(id);
         if r != 0 {
             self.close_lane(id);
@@ -433,7 +433,7 @@ impl Transport for VerbsTransport {
     fn connect_lane(&mut self, lane: LaneId, name: &[u8]) -> Result<PeerAddr, TransportError> {
         let prov = self.caps.provider.clone();
         let peer = LaneName::decode(name).map_err(|e| plain(&prov, FailureClass::Other, e))?;
-        let Some(l) = self.lanes.get_mut(lane) else {
+        let Some(l) = self.lanes.get_mut(lane.index()) else {
             return Err(plain(&prov, FailureClass::Other, format!("connect_lane: no lane {lane}")));
         };
         for q in [DATA, NOTIFY] {
@@ -445,7 +445,7 @@ impl Transport for VerbsTransport {
     }
 
     fn close_lane(&mut self, lane: LaneId) {
-        let Some(l) = self.lanes.try_remove(lane) else { return };
+        let Some(l) = self.lanes.try_remove(lane.index()) else { return };
         self.lane_ids.retain(|&id| id != lane);
         self.pending.retain(|p| p.lane != lane);
         self.ready.retain(|(id, _)| *id != lane);
@@ -460,7 +460,7 @@ impl Transport for VerbsTransport {
                 let r = rdma_sys::ibv_destroy_qp(qp);
                 if r != 0 {
                     tracing::error!(
-                        lane,
+                        lane = %lane,
                         errno = r,
                         "ibv_destroy_qp failed: the queue pair and its CQ are leaked"
                     );
@@ -522,7 +522,7 @@ impl Transport for VerbsTransport {
 
     unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
         let prov = &self.caps.provider;
-        let Some(lane) = self.lanes.get_mut(wr.lane) else {
+        let Some(lane) = self.lanes.get_mut(wr.lane.index()) else {
             return Err(PostError::Failed(plain(
                 prov,
                 FailureClass::Other,
@@ -686,7 +686,7 @@ impl Transport for VerbsTransport {
         let mut read = 0;
         for &l in &ids {
             // SAFETY: arming our live CQ.
-            unsafe { rdma_sys::ibv_req_notify_cq(self.lanes[l].cq, 0) };
+            unsafe { rdma_sys::ibv_req_notify_cq(self.lanes[l.index()].cq, 0) };
             read += self.drain_cq(l, &mut found, CQ_BATCH);
         }
         // Entries read (even ones that make no completion, like flushed internal receives)
@@ -719,7 +719,7 @@ impl Transport for VerbsTransport {
 
 impl Drop for VerbsTransport {
     fn drop(&mut self) {
-        let ids: Vec<LaneId> = self.lanes.iter().map(|(id, _)| id).collect();
+        let ids: Vec<LaneId> = self.lanes.iter().map(|(id, _)| LaneId(id)).collect();
         for l in ids {
             self.close_lane(l);
         }

@@ -9,8 +9,23 @@ use crate::base::error::TransportError;
 /// A peer's address in the transport's address vector.
 pub type PeerAddr = u64;
 
-/// A lane: one transport endpoint (a libfabric endpoint, a verbs QP) serving one peer.
-pub type LaneId = usize;
+/// A lane: one transport endpoint (a libfabric endpoint, a verbs QP) serving one peer, named
+/// by the transport that opened it (a small index it may reuse once the lane is closed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LaneId(pub usize);
+
+impl std::fmt::Display for LaneId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl LaneId {
+    /// The index, for tables kept per lane.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
 
 /// Access a memory registration grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -185,10 +185,10 @@ impl Reactor {
         for rail in rails {
             match self.t.open_lane(rail) {
                 Ok(l) => {
-                    if self.lane_rail.len() <= l.0 {
-                        self.lane_rail.resize(l.0 + 1, 0);
+                    if self.lane_rail.len() <= l.0.index() {
+                        self.lane_rail.resize(l.0.index() + 1, 0);
                     }
-                    self.lane_rail[l.0] = self.rail_ids.get(rail).copied().unwrap_or(rail);
+                    self.lane_rail[l.0.index()] = self.rail_ids.get(rail).copied().unwrap_or(rail);
                     opened.push(l)
                 }
                 Err(e) => {

@@ -251,7 +251,8 @@ impl Reactor {
             match lease::post(self.t.as_mut(), &wr) {
                 Ok(Posted::Queued) => {
                     Counters::add(&self.counters.posted);
-                    self.counters.add_rail_bytes(self.lane_rail.get(c.lane).copied().unwrap_or(0), c.len);
+                    self.counters
+                        .add_rail_bytes(self.lane_rail.get(c.lane.index()).copied().unwrap_or(0), c.len);
                     let (cell, peer, op, seg) = (h.req.cell.clone(), h.req.peer, h.req.op, h.req.seg);
                     entry.insert(InFlight { id, cell, peer, op, chunk: Some(c), seg, kind });
                     if let Some(h) = self.held[c.op.0].as_mut() {

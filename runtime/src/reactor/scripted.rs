@@ -159,11 +159,11 @@ impl Transport for Scripted {
     fn open_lane(&mut self, _rail: usize) -> Result<(LaneId, Vec<u8>), TransportError> {
         let mut s = self.script.state();
         s.lanes += 1;
-        Ok((s.lanes - 1, format!("lane{}", s.lanes - 1).into_bytes()))
+        Ok((LaneId(s.lanes - 1), format!("lane{}", s.lanes - 1).into_bytes()))
     }
 
     fn connect_lane(&mut self, lane: LaneId, _name: &[u8]) -> Result<PeerAddr, TransportError> {
-        Ok(100 + lane as PeerAddr)
+        Ok(100 + lane.index() as PeerAddr)
     }
 
     fn close_lane(&mut self, lane: LaneId) {

@@ -14,7 +14,7 @@ use crate::base::control::{Ctl, Pulled, Verdict};
 use crate::base::error::{Error, FailureClass, OpKind};
 use crate::base::sched::SchedConfig;
 use crate::base::stats::Counters;
-use crate::base::transport::{LocalSeg, WrKind};
+use crate::base::transport::{LaneId, LocalSeg, WrKind};
 use crate::reactor::cell::OpCell;
 
 /// A reactor with one peer, over a scripted transport.
@@ -330,7 +330,7 @@ fn shutdown_fails_what_is_queued_at_once_and_what_is_posted_at_its_deadline() {
     assert!(matches!(late.outcome(), Some(Err(Error::Shutdown { op: OpKind::Send }))));
     assert!(matches!(bulk.outcome(), Some(Err(Error::Shutdown { op: OpKind::Write }))));
     assert!(matches!(recv.outcome(), Some(Err(Error::Shutdown { op: OpKind::Recv }))));
-    assert_eq!(g.script.closed(), vec![0]);
+    assert_eq!(g.script.closed(), vec![LaneId(0)]);
     assert!(g.told().iter().any(|m| matches!(m, Ctl::Goodbye { .. })), "the peer is told");
     let after = g.write(16);
     g.turns(1);
@@ -433,8 +433,11 @@ fn a_latency_op_behind_queued_bulk_takes_the_express_lane() {
         g.submit_at(OpKind::Write, WrKind::Write { remote_addr: 1 << 40, key: 9, imm: None }, 128 << 10, 64);
     g.turns(1);
     let small_wr = g.script.posted().into_iter().find(|w| w.len == 64).expect("posted");
-    assert_eq!(small_wr.lane, 0, "the express lane");
-    assert!(g.script.posted().iter().filter(|w| w.len == 4096).all(|w| w.lane != 0), "bulk keeps off it");
+    assert_eq!(small_wr.lane, LaneId(0), "the express lane");
+    assert!(
+        g.script.posted().iter().filter(|w| w.len == 4096).all(|w| w.lane != LaneId(0)),
+        "bulk keeps off it"
+    );
     g.script.complete(small_wr.id, Ok(()));
     g.turns(1);
     assert!(small.outcome().is_some_and(|r| r.is_ok()));

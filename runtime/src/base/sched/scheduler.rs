@@ -9,8 +9,7 @@ use super::config::{Class, Mode, SchedConfig, Stripe, TenantId};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpId(pub usize);
 
-/// A lane: one transport endpoint / QP towards a peer.
-pub type LaneId = usize;
+pub use crate::base::transport::LaneId;
 
 /// What the scheduler needs to know about an op.
 #[derive(Debug, Clone)]
@@ -311,7 +310,7 @@ impl Scheduler {
     }
 
     fn lane_load(&self, lane: LaneId) -> Load {
-        self.lanes.get(lane).copied().unwrap_or_default()
+        self.lanes.get(lane.index()).copied().unwrap_or_default()
     }
 
     fn next_fifo(&mut self, out: &mut Vec<Chunk>) -> bool {
@@ -469,10 +468,10 @@ impl Scheduler {
 
     fn account(&mut self, lane: LaneId, tenant: TenantId, class: Class, bytes: isize, wrs: isize) {
         let bulk = if class == Class::Bulk { bytes } else { 0 };
-        if self.lanes.len() <= lane {
-            self.lanes.resize(lane + 1, Load::default());
+        if self.lanes.len() <= lane.index() {
+            self.lanes.resize(lane.index() + 1, Load::default());
         }
-        for l in [&mut self.lanes[lane], &mut self.nic] {
+        for l in [&mut self.lanes[lane.index()], &mut self.nic] {
             l.bytes = l.bytes.saturating_add_signed(bytes);
             l.bulk = l.bulk.saturating_add_signed(bulk);
             l.wrs = l.wrs.saturating_add_signed(wrs);

@@ -19,8 +19,13 @@ fn cfg() -> SchedConfig {
     }
 }
 
-fn bulk(tenant: TenantId, len: usize, lanes: Vec<LaneId>) -> OpSpec {
-    OpSpec { tenant, class: Class::Bulk, len, lanes: lanes.into(), splittable: true, cuts: None, tail: 0 }
+fn bulk(tenant: TenantId, len: usize, lanes: Vec<usize>) -> OpSpec {
+    OpSpec { tenant, class: Class::Bulk, len, lanes: ids(&lanes), splittable: true, cuts: None, tail: 0 }
+}
+
+/// Lanes by index.
+fn ids(lanes: &[usize]) -> std::sync::Arc<[LaneId]> {
+    lanes.iter().map(|&l| LaneId(l)).collect()
 }
 
 /// Run until `stop` or nothing moves; completes the oldest chunk each step unless `order`
@@ -74,7 +79,7 @@ proptest! {
         let mut lens = HashMap::new();
         for (t, len, small, lanes) in ops {
             let class = if small { Class::Latency } else { Class::Bulk };
-            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).collect::<Vec<_>>().into(), splittable: true, cuts: None, tail: 0 });
+            let id = sim.s.push(OpSpec { tenant: t, class, len, lanes: (0..lanes).map(LaneId).collect(), splittable: true, cuts: None, tail: 0 });
             lens.insert(id, len);
         }
         for i in order {
@@ -283,7 +288,7 @@ proptest! {
         for _ in 0..20_000 {
             sim.fill();
             let c = sim.inflight.pop_front().unwrap();
-            bytes[(c.lane == 100) as usize] += c.len;
+            bytes[(c.lane == LaneId(100)) as usize] += c.len;
             sim.s.complete(c, true);
         }
         let ratio = bytes[1] as f64 / bytes[0] as f64;
@@ -309,7 +314,7 @@ fn a_latency_op_goes_before_any_further_bulk_and_waits_for_at_most_the_budget() 
         tenant: 9,
         class: Class::Latency,
         len: 16,
-        lanes: vec![0, 1].into(),
+        lanes: ids(&[0, 1]),
         splittable: false,
         cuts: None,
         tail: 0,
@@ -333,7 +338,7 @@ fn bulk_is_not_starved_by_a_latency_flood() {
                 tenant: 1,
                 class: Class::Latency,
                 len: 1000,
-                lanes: vec![0].into(),
+                lanes: ids(&[0]),
                 splittable: false,
                 cuts: None,
                 tail: 0,
@@ -360,7 +365,7 @@ fn small_ops_are_never_split_and_messages_never_are() {
         tenant: 0,
         class: Class::Latency,
         len: 999,
-        lanes: vec![0].into(),
+        lanes: ids(&[0]),
         splittable: true,
         cuts: None,
         tail: 0,
@@ -369,7 +374,7 @@ fn small_ops_are_never_split_and_messages_never_are() {
         tenant: 0,
         class: Class::Bulk,
         len: 5000,
-        lanes: vec![0].into(),
+        lanes: ids(&[0]),
         splittable: false,
         cuts: None,
         tail: 0,
@@ -389,7 +394,7 @@ fn fifo_posts_whole_ops_in_arrival_order() {
         tenant: 1,
         class: Class::Latency,
         len: 16,
-        lanes: vec![0].into(),
+        lanes: ids(&[0]),
         splittable: true,
         cuts: None,
         tail: 0,
@@ -407,7 +412,7 @@ fn bulk_per_round_bounds_the_chunks_of_one_call_but_not_latency() {
             tenant: 1,
             class: Class::Latency,
             len: 8,
-            lanes: vec![0].into(),
+            lanes: ids(&[0]),
             splittable: false,
             cuts: None,
             tail: 0,
@@ -432,7 +437,7 @@ fn bulk_runs_unthrottled_until_latency_work_shows_up() {
         tenant: 1,
         class: Class::Latency,
         len: 8,
-        lanes: vec![0].into(),
+        lanes: ids(&[0]),
         splittable: false,
         cuts: None,
         tail: 0,
