@@ -280,10 +280,10 @@ impl Endpoint {
         // one-sided op whose descriptor has a key for each of them.
         let one_sided = matches!(kind, WrKind::Write { .. } | WrKind::Read { .. });
         let keys = 1 + rail_keys.as_ref().map_or(0, |k| k.len());
-        let fan = self.slots.len() > 1 && one_sided && keys >= self.peer_rails;
+        let fan = self.slots.by_group.len() > 1 && one_sided && keys >= self.peer_rails;
         let plain_imm = batch.is_none() && matches!(kind, WrKind::Write { imm: Some(_), .. });
         let draft = Draft {
-            peer: self.slots[0],
+            peer: self.slots.first,
             peer_id: self.peer_id,
             op,
             kind,

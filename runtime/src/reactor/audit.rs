@@ -16,6 +16,7 @@
 //! unanswered) and `MAX_REFUSED` refusals a minute (more, and it is dropped), so it can neither
 //! probe for keys nor fill our outbox. We ask at most half that ration, and give up on a
 //! question after the reactor's patience.
+use crate::reactor::cmd::PeerSlot;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +37,7 @@ struct Exposure {
 
 /// An op whose cancellation is being asked about.
 struct Asking {
-    slot: usize,
+    slot: PeerSlot,
     token: u32,
     /// The request asked about.
     id: WrId,
@@ -148,7 +149,7 @@ impl Reactor {
     pub(super) fn question(
         &mut self,
         id: WrId,
-        slot: usize,
+        slot: PeerSlot,
         op: OpKind,
         kind: WrKind,
         len: usize,
@@ -275,7 +276,7 @@ impl Reactor {
     /// The target refused an op the provider will never complete. Its requests may still be
     /// queued in the provider, so only closing the peer's lanes makes sure nothing touches
     /// their memory: the peer is lost, and the refused op fails as `RemoteAccess`.
-    fn fail_silent(&mut self, slot: usize, id: WrId, why: &str) {
+    fn fail_silent(&mut self, slot: PeerSlot, id: WrId, why: &str) {
         // The refused request's own failure first, so a batch names its piece (the peer's loss
         // would otherwise be the op's first error).
         let f = self.inflight.get(id.slot()).filter(|f| f.id == id);
@@ -294,7 +295,7 @@ impl Reactor {
     }
 
     /// A peer asks about an op of its own on our memory, or answers about one of ours.
-    pub(super) fn on_audit(&mut self, slot: usize, msg: Ctl) {
+    pub(super) fn on_audit(&mut self, slot: PeerSlot, msg: Ctl) {
         match msg {
             Ctl::Check { token, key, addr, len, write } => {
                 let now = self.now;
@@ -380,7 +381,7 @@ impl Reactor {
 
     /// No verdict will come from `slot`: what waits for one fails as the peer's loss (`lost`:
     /// how it was noticed) or, at shutdown, with the provider's error.
-    pub(super) fn audit_lost(&mut self, slot: usize, lost: Option<&str>) {
+    pub(super) fn audit_lost(&mut self, slot: PeerSlot, lost: Option<&str>) {
         let ks: Vec<usize> =
             self.audit.asking.iter().filter(|(_, a)| a.slot == slot).map(|(k, _)| *k).collect();
         for k in ks {
@@ -438,8 +439,15 @@ mod tests {
     fn ask(r: &mut Reactor, cell: &Arc<OpCell>, token: u32, asked: Instant, parked: Option<Error>) {
         let k = cell_key(cell);
         r.audit.by_token.insert(token, k);
-        let a =
-            Asking { slot: 0, token, id: WrId::new(1, 1), cell: cell.clone(), verdict: None, parked, asked };
+        let a = Asking {
+            slot: PeerSlot(0),
+            token,
+            id: WrId::new(1, 1),
+            cell: cell.clone(),
+            verdict: None,
+            parked,
+            asked,
+        };
         r.audit.asking.insert(k, a);
     }
 

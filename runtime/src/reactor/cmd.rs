@@ -12,16 +12,28 @@ use crate::base::sched::{Class, TenantId};
 use crate::base::transport::{Access, LaneId, LocalSeg, MemoryRegion, WrKind};
 use crate::reactor::cell::OpCell;
 
-/// A peer's slot in each group's reactor ([`NO_SLOT`] in a group that holds none of its lanes).
-/// (A thin pointer: ops carry it.)
-pub(crate) type Slots = Arc<Vec<usize>>;
+/// A peer's slot in its reactor's table: ops name their peer by it (and by the peer's id, so
+/// that a reused slot is never mistaken for the peer an op was made for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct PeerSlot(pub(crate) usize);
 
-/// No slot: the group holds none of the peer's lanes.
-pub(crate) const NO_SLOT: usize = usize::MAX;
+/// Where a peer sits in each rail group's reactor.
+#[derive(Debug)]
+pub(crate) struct PeerSlots {
+    /// Its slot in the first group's reactor, which holds its express lane (messages and
+    /// small ops go there).
+    pub first: PeerSlot,
+    /// Its slot in each group's reactor, `None` where the group holds none of its lanes
+    /// (`by_group[0]` is `Some(first)`).
+    pub by_group: Vec<Option<PeerSlot>>,
+}
+
+/// A peer's slots, shared (a thin pointer: ops carry it).
+pub(crate) type Slots = Arc<PeerSlots>;
 
 /// One data operation, validated, waiting to be posted.
 pub(crate) struct OpReq {
-    pub peer: usize,
+    pub peer: PeerSlot,
     pub peer_id: u64,
     pub op: OpKind,
     pub kind: WrKind,
@@ -44,7 +56,7 @@ pub(crate) struct OpReq {
 /// An op as its future holds it before submission: the request without its memory (the
 /// buffer's, added then) and cell (made then).
 pub(crate) struct Draft {
-    pub peer: usize,
+    pub peer: PeerSlot,
     pub peer_id: u64,
     pub op: OpKind,
     pub kind: WrKind,
@@ -118,7 +130,7 @@ pub(crate) enum Cmd {
         label: String,
         /// Where the reactor's messages to the peer go (its control connection).
         ctl: UnboundedSender<Ctl>,
-        reply: Reply<Result<usize, TransportError>>,
+        reply: Reply<Result<PeerSlot, TransportError>>,
     },
     /// A handshake failed after `OpenLanes`: close them.
     CloseLanes {
@@ -126,7 +138,7 @@ pub(crate) enum Cmd {
     },
     /// The endpoint handle is gone: fail what is pending and close the lanes.
     RemovePeer {
-        slot: usize,
+        slot: PeerSlot,
     },
     /// Set a tenant's bulk weight.
     SetWeight {
@@ -135,12 +147,12 @@ pub(crate) enum Cmd {
     },
     /// The control connection to the peer broke: fail what is pending.
     PeerLost {
-        slot: usize,
+        slot: PeerSlot,
         reason: String,
     },
     /// The peer in `slot` (runtime `peer_id`) sent a message on its control connection.
     Control {
-        slot: usize,
+        slot: PeerSlot,
         peer_id: u64,
         msg: Ctl,
     },

@@ -18,6 +18,7 @@ mod testing;
 #[cfg(test)]
 mod tests;
 
+use crate::reactor::cmd::PeerSlot;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -38,7 +39,7 @@ use cmd::{Cmd, OpReq};
 use complete::note_chunk_error;
 pub(crate) use idle::Idle;
 pub(crate) use peers::rail_of;
-use peers::Peer;
+use peers::Peers;
 pub(crate) use post::AtOnce;
 pub(crate) use shutdown::Phase;
 
@@ -59,7 +60,7 @@ struct InFlight {
     /// The whole request id (slot and generation).
     id: WrId,
     cell: Arc<OpCell>,
-    peer: usize,
+    peer: PeerSlot,
     op: OpKind,
     /// The scheduler's chunk; `None` for ops that bypass it.
     chunk: Option<Chunk>,
@@ -97,7 +98,7 @@ pub(crate) struct Reactor {
     /// provider's queue is full.
     direct: VecDeque<OpReq>,
     inflight: Slab<InFlight>,
-    peers: Slab<Peer>,
+    peers: Peers,
     comps: Vec<Completion>,
     chunks: Vec<Chunk>,
     imm: Arc<ImmQueue>,
@@ -174,7 +175,7 @@ impl Reactor {
             held: Vec::new(),
             direct: VecDeque::new(),
             inflight: Slab::with_capacity(1024),
-            peers: Slab::new(),
+            peers: Peers::default(),
             comps: Vec::with_capacity(POLL_BATCH),
             chunks: Vec::with_capacity(POST_BATCH),
             imm,

@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::cmd::{OpenedLane, PeerLane};
+use slab::Slab;
+
+use super::cmd::{OpenedLane, PeerLane, PeerSlot};
 use super::{Phase, Reactor};
 use crate::base::control::Ctl;
 use crate::base::error::{Error, FailureClass, TransportError};
@@ -39,6 +41,54 @@ pub(super) struct Peer {
     pub(super) refused: (Instant, u32),
     /// Questions we asked it in the current second, and when it began.
     pub(super) asked: (Instant, u32),
+}
+
+/// The reactor's peers, by slot.
+#[derive(Default)]
+pub(super) struct Peers(Slab<Peer>);
+
+impl Peers {
+    pub(super) fn get(&self, slot: PeerSlot) -> Option<&Peer> {
+        self.0.get(slot.0)
+    }
+
+    pub(super) fn get_mut(&mut self, slot: PeerSlot) -> Option<&mut Peer> {
+        self.0.get_mut(slot.0)
+    }
+
+    pub(super) fn contains(&self, slot: PeerSlot) -> bool {
+        self.0.contains(slot.0)
+    }
+
+    pub(super) fn insert(&mut self, p: Peer) -> PeerSlot {
+        PeerSlot(self.0.insert(p))
+    }
+
+    pub(super) fn remove(&mut self, slot: PeerSlot) -> Peer {
+        self.0.remove(slot.0)
+    }
+
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = (PeerSlot, &mut Peer)> {
+        self.0.iter_mut().map(|(k, p)| (PeerSlot(k), p))
+    }
+
+    /// Every slot in use.
+    pub(super) fn slots(&self) -> Vec<PeerSlot> {
+        self.0.iter().map(|(k, _)| PeerSlot(k)).collect()
+    }
+}
+
+impl std::ops::Index<PeerSlot> for Peers {
+    type Output = Peer;
+    fn index(&self, slot: PeerSlot) -> &Peer {
+        &self.0[slot.0]
+    }
+}
+
+impl std::ops::IndexMut<PeerSlot> for Peers {
+    fn index_mut(&mut self, slot: PeerSlot) -> &mut Peer {
+        &mut self.0[slot.0]
+    }
 }
 
 /// Where a peer is in its life.
@@ -161,7 +211,7 @@ impl Reactor {
     }
 
     /// An op for the peer in `slot` needs its progress: if its reactor said it sleeps, wake it.
-    pub(super) fn kick_if_asleep(&mut self, slot: usize) {
+    pub(super) fn kick_if_asleep(&mut self, slot: PeerSlot) {
         let Some(p) = self.peers.get_mut(slot) else { return };
         if let PeerState::Live { asleep: asleep @ true, .. } = &mut p.state {
             *asleep = false;
@@ -209,7 +259,7 @@ impl Reactor {
         rails: usize,
         label: String,
         ctl: UnboundedSender<Ctl>,
-    ) -> Result<usize, TransportError> {
+    ) -> Result<PeerSlot, TransportError> {
         if self.phase != Phase::Running {
             lanes.iter().for_each(|l| self.t.close_lane(l.0));
             return Err(self.local_error(FailureClass::Other, "the runtime is shutting down"));
@@ -228,7 +278,7 @@ impl Reactor {
     }
 
     /// The endpoint handle is gone: fail what is pending, close the lanes, forget the peer.
-    pub(super) fn remove_peer(&mut self, slot: usize) {
+    pub(super) fn remove_peer(&mut self, slot: PeerSlot) {
         if self.peers.contains(slot) {
             self.lose_peer(slot, "endpoint closed".into());
             self.peers.remove(slot);
@@ -236,7 +286,7 @@ impl Reactor {
     }
 
     /// The peer's control connection broke: fail what is pending, close the lanes.
-    pub(super) fn peer_lost(&mut self, slot: usize, reason: String) {
+    pub(super) fn peer_lost(&mut self, slot: PeerSlot, reason: String) {
         if self.peers.get(slot).is_some_and(|p| p.lost().is_none()) {
             tracing::info!(peer = %self.peers[slot].label, %reason, "peer lost");
             self.lose_peer(slot, reason);
@@ -246,7 +296,7 @@ impl Reactor {
     /// Give up on a peer of our own accord (it misbehaved, or refused an op the provider leaves
     /// pending): tell it why, which ends the control connection so that it loses us too, then
     /// lose it.
-    pub(super) fn drop_peer(&mut self, slot: usize, reason: String) {
+    pub(super) fn drop_peer(&mut self, slot: PeerSlot, reason: String) {
         if self.peers.get(slot).is_none_or(|p| p.lost().is_some()) {
             return;
         }
@@ -257,7 +307,7 @@ impl Reactor {
 
     /// The peer is gone: fail what it has queued, close its lanes (after reaping what already
     /// completed), and fail what was posted on them, whose buffers are ours again.
-    pub(super) fn lose_peer(&mut self, slot: usize, reason: String) {
+    pub(super) fn lose_peer(&mut self, slot: PeerSlot, reason: String) {
         let label = self.peers[slot].label.clone();
         self.fail_peer(slot, (label.clone(), reason.clone()));
         // Lost before reaping: what the reap would start for this peer (a rendezvous read)
@@ -286,7 +336,7 @@ impl Reactor {
 
     /// Fail what a gone peer has queued: unposted receives at once, scheduled ops as soon as
     /// their posted chunks are back.
-    pub(super) fn fail_peer(&mut self, slot: usize, (peer, reason): (String, String)) {
+    pub(super) fn fail_peer(&mut self, slot: PeerSlot, (peer, reason): (String, String)) {
         let (gone, kept) = std::mem::take(&mut self.direct).into_iter().partition(|r| r.peer == slot);
         self.direct = kept;
         for req in gone {

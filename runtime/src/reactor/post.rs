@@ -1,6 +1,7 @@
 //! Posting: an op accepted from the submission queue goes to the scheduler or, where it skips
 //! it (receives, latency ops with no bulk to get ahead of), straight to the provider; each
 //! round posts the chunks the scheduler hands out, together, ringing once.
+use crate::reactor::cmd::PeerSlot;
 use std::sync::Arc;
 
 use super::cell::{Done, OpCell};
@@ -359,7 +360,7 @@ impl Reactor {
     /// receives are), as the request id returned, the next free slot of `inflight`.
     pub(super) fn post_whole(
         &mut self,
-        peer: usize,
+        peer: PeerSlot,
         kind: WrKind,
         seg: LocalSeg,
     ) -> (WrId, Result<Posted, PostError>) {

@@ -11,6 +11,7 @@
 //! Offer and marker travel separately and arrive in either order. Both sides keep the op's
 //! cell while the rendezvous runs, so a dropped future does not withdraw it half-way: the
 //! exposed buffer stays alive (in the cell) until the access is gone.
+use crate::reactor::cmd::PeerSlot;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,7 +31,7 @@ const MAX_OFFERS: usize = 4096;
 
 /// A send of ours the peer is pulling.
 struct Outgoing {
-    slot: usize,
+    slot: PeerSlot,
     cell: Arc<OpCell>,
     /// The read-only registration of the buffer.
     mr: u64,
@@ -51,7 +52,7 @@ struct Waiting {
 
 /// A receive reading an offered message.
 struct Pulling {
-    slot: usize,
+    slot: PeerSlot,
     token: u32,
     /// Kept so a dropped future does not withdraw the read half-way: the sender waits for an
     /// answer either way.
@@ -66,9 +67,9 @@ pub(super) struct Rendezvous {
     /// Marker sends in the op path, by cell address: their completion is not the send's.
     markers: HashMap<usize, u32>,
     /// Offers whose marker has not arrived, by (peer slot, token).
-    offers: HashMap<(usize, u32), RemoteBuf>,
+    offers: HashMap<(PeerSlot, u32), RemoteBuf>,
     /// Receives whose marker arrived before the offer.
-    waiting: HashMap<(usize, u32), Waiting>,
+    waiting: HashMap<(PeerSlot, u32), Waiting>,
     /// Reads in progress, by the receive's cell address.
     pulling: HashMap<usize, Pulling>,
 }
@@ -212,7 +213,7 @@ impl Reactor {
     }
 
     /// A receive completed with immediate data: a marker. Pull the message it stands for.
-    pub(super) fn marker_arrived(&mut self, slot: usize, token: u32, cell: Arc<OpCell>, seg: LocalSeg) {
+    pub(super) fn marker_arrived(&mut self, slot: PeerSlot, token: u32, cell: Arc<OpCell>, seg: LocalSeg) {
         match self.rndv.offers.remove(&(slot, token)) {
             Some(desc) => self.pull(slot, token, desc, cell, seg),
             None if self.rndv.waiting.contains_key(&(slot, token)) => {
@@ -233,7 +234,7 @@ impl Reactor {
     /// hop at most; one later than the reactor's patience means a broken peer.
     pub(super) fn expire_markers(&mut self) {
         let now = self.now;
-        let mut late: Vec<(usize, u32)> = self
+        let mut late: Vec<(PeerSlot, u32)> = self
             .rndv
             .waiting
             .iter()
@@ -257,7 +258,7 @@ impl Reactor {
     }
 
     /// A message on a peer's control connection.
-    pub(super) fn on_control(&mut self, slot: usize, peer_id: u64, msg: Ctl) {
+    pub(super) fn on_control(&mut self, slot: PeerSlot, peer_id: u64, msg: Ctl) {
         if self.peers.get(slot).is_none_or(|p| p.id != peer_id || p.lost().is_some()) {
             return;
         }
@@ -307,7 +308,7 @@ impl Reactor {
 
     /// Read an offered message into the receive buffer `seg`, as a bulk read through the
     /// scheduler; its completion answers the sender and completes the receive.
-    fn pull(&mut self, slot: usize, token: u32, desc: RemoteBuf, cell: Arc<OpCell>, seg: LocalSeg) {
+    fn pull(&mut self, slot: PeerSlot, token: u32, desc: RemoteBuf, cell: Arc<OpCell>, seg: LocalSeg) {
         if self.phase != super::Phase::Running {
             self.tell(slot, Ctl::Done { token, outcome: Pulled::Failed });
             settle_cell(&self.counters, &cell, Err(Error::Shutdown { op: OpKind::Recv }));
@@ -343,7 +344,7 @@ impl Reactor {
         self.accept(req);
     }
 
-    pub(super) fn tell(&self, slot: usize, msg: Ctl) {
+    pub(super) fn tell(&self, slot: PeerSlot, msg: Ctl) {
         if let Some(p) = self.peers.get(slot) {
             // A closed outbox means the control connection is gone, and with it the peer: its
             // loss fails what waits on the answer.
@@ -352,7 +353,7 @@ impl Reactor {
     }
 
     /// The peer is gone (its ops have been failed): give back what waits on it.
-    pub(super) fn rendezvous_lost(&mut self, slot: usize, why: impl Fn(OpKind) -> Error) {
+    pub(super) fn rendezvous_lost(&mut self, slot: PeerSlot, why: impl Fn(OpKind) -> Error) {
         // A send whose marker is still on its way is finished by the marker's failure.
         let tokens: Vec<u32> =
             self.rndv.outgoing.iter().filter(|(_, o)| o.slot == slot && o.marked).map(|(t, _)| *t).collect();
@@ -360,7 +361,7 @@ impl Reactor {
             self.finish_send(t, Err(why(OpKind::Send)));
         }
         self.rndv.offers.retain(|(s, _), _| *s != slot);
-        let waiting: Vec<(usize, u32)> =
+        let waiting: Vec<(PeerSlot, u32)> =
             self.rndv.waiting.keys().filter(|(s, _)| *s == slot).copied().collect();
         for k in waiting {
             let w = self.rndv.waiting.remove(&k).expect("listed");

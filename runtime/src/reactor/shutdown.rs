@@ -104,7 +104,7 @@ impl Reactor {
     pub(super) fn part(&mut self) {
         // Told, the peers close their lanes to us as we close ours (on shm in one process,
         // ours wait for theirs: see rdmalane-efa's shm_peers).
-        let slots: Vec<usize> = self.peers.iter().map(|(k, _)| k).collect();
+        let slots = self.peers.slots();
         if self.group == 0 {
             for &slot in &slots {
                 if self.peers[slot].lost().is_none() {
@@ -133,7 +133,7 @@ impl Reactor {
                 None => self.settle(&f.cell, Err(err)),
             }
         }
-        for slot in self.peers.iter().map(|(k, _)| k).collect::<Vec<_>>() {
+        for slot in self.peers.slots() {
             self.rendezvous_lost(slot, |op| Error::Shutdown { op });
             self.audit_lost(slot, None);
         }

@@ -1,10 +1,12 @@
 //! A bare reactor and a peer without lanes, for unit tests of the reactor's bookkeeping (the
 //! audit, the rendezvous) that reach into its tables.
+use crate::reactor::cmd::PeerSlot;
 use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::{Peer, Reactor};
+use super::peers::Peer;
+use super::Reactor;
 use crate::base::control::Ctl;
 use crate::base::error::{Error, FailureClass, OpKind, TransportError};
 
@@ -23,7 +25,7 @@ pub(super) fn reactor() -> Reactor {
 }
 
 /// A peer with no lanes; what the reactor tells it arrives on the receiver.
-pub(super) fn peer(r: &mut Reactor) -> (usize, UnboundedReceiver<Ctl>) {
+pub(super) fn peer(r: &mut Reactor) -> (PeerSlot, UnboundedReceiver<Ctl>) {
     let (ctl, rx) = unbounded_channel();
     let p = Peer::new(7, "peer".into(), Vec::new(), 1, ctl, Instant::now());
     (r.peers.insert(p), rx)

@@ -1,6 +1,7 @@
 //! The reactor over the scripted transport: every post and completion is the test's to order,
 //! time is passed in, and nothing sleeps. The real-provider suites prove the same paths on
 //! tcp, shm and verbs; these pin down the orders a provider rarely produces.
+use crate::reactor::cmd::PeerSlot;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ struct Rig {
     r: Reactor,
     script: Script,
     counters: Arc<Counters>,
-    slot: usize,
+    slot: PeerSlot,
     told: UnboundedReceiver<Ctl>,
     now: Instant,
     /// The memory ops name (the scripted transport never touches it).

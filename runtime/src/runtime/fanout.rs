@@ -9,6 +9,7 @@ use crate::base::sched::Class;
 use crate::base::transport::{LocalSeg, WrKind};
 use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::OpReq;
+use crate::reactor::cmd::PeerSlot;
 
 /// Parts are cut on multiples of this many bytes where the op is larger.
 const ALIGN: usize = 4096;
@@ -42,7 +43,7 @@ type Share = (usize, usize, Option<Arc<crate::base::batch::Layout>>, (usize, usi
 /// Cut `req` into one part per group with a share of it (see [`shares`]): `slots` are the
 /// peer's slots in each group, `weights` the groups' rails reaching it. Returns each part
 /// with its group; a part's descriptor is still the runtime's (the caller names the group's).
-pub(crate) fn split(req: OpReq, slots: &[usize], weights: &[usize]) -> Vec<(usize, OpReq)> {
+pub(crate) fn split(req: OpReq, slots: &[Option<PeerSlot>], weights: &[usize]) -> Vec<(usize, OpReq)> {
     let bytes = shares(req.len(), weights);
     let mut plan: Vec<Share> = Vec::new();
     match &req.batch {
@@ -64,7 +65,7 @@ pub(crate) fn split(req: OpReq, slots: &[usize], weights: &[usize]) -> Vec<(usiz
     }
     if plan.len() < 2 {
         let g = plan.first().map_or(0, |p| p.0);
-        return vec![(g, OpReq { peer: slots[g], ..req })];
+        return vec![(g, OpReq { peer: slots[g].unwrap_or(req.peer), ..req })];
     }
     let firsts: Vec<usize> = plan.iter().map(|p| p.1).collect();
     let cells = OpCell::fan_out(&req.cell, &firsts);
@@ -79,7 +80,8 @@ pub(crate) fn split(req: OpReq, slots: &[usize], weights: &[usize]) -> Vec<(usiz
                 ),
             };
             let part = OpReq {
-                peer: slots[g],
+                // A group in the plan has a share, so it holds the peer.
+                peer: slots[g].unwrap_or(req.peer),
                 peer_id: req.peer_id,
                 op: req.op,
                 kind,

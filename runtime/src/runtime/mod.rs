@@ -544,7 +544,7 @@ impl Runtime {
     }
 
     /// Connect our lanes to the peer's (pairwise, in lane order) and add the peer to every
-    /// group that holds one of them. Returns its slot in each group ([`NO_SLOT`] where none).
+    /// group that holds one of them. Returns its slot in each group.
     pub(crate) fn add_peer(
         &self,
         id: u64,
@@ -554,7 +554,7 @@ impl Runtime {
         label: String,
         ctl: UnboundedSender<Ctl>,
     ) -> Result<Slots> {
-        let mut slots = vec![NO_SLOT; self.inner.groups.len()];
+        let mut slots: Vec<Option<PeerSlot>> = vec![None; self.inner.groups.len()];
         for g in 0..self.inner.groups.len() {
             let mine: Vec<PeerLane> = (0..lanes.len())
                 .filter(|&i| lanes[i].0 == g)
@@ -575,19 +575,26 @@ impl Runtime {
                 })
                 .and_then(|r| r.map_err(|e| Error::from_transport(OpKind::Connect, &label, e)));
             match res {
-                Ok(slot) => slots[g] = slot,
+                Ok(slot) => slots[g] = Some(slot),
                 Err(e) => {
                     // Undo: the groups done lose the peer (closing its lanes), the others'
                     // lanes close (this group's failed add closed its own).
-                    let added: Slots = slots.into();
-                    self.remove_peer(&added);
+                    self.each_slot(&slots, |slot| Cmd::RemovePeer { slot });
                     let rest = lanes.into_iter().filter(|l| l.0 > g).collect();
                     self.close_lanes(rest);
                     return Err(e);
                 }
             }
         }
-        Ok(slots.into())
+        let Some(first) = slots[0] else {
+            // Lane 0 (the express lane) is on rail 0, which the first group holds.
+            self.each_slot(&slots, |slot| Cmd::RemovePeer { slot });
+            return Err(Error::invalid(
+                OpKind::Connect,
+                "the first rail group holds none of the peer's lanes",
+            ));
+        };
+        Ok(Arc::new(PeerSlots { first, by_group: slots }))
     }
 
     pub(crate) fn close_lanes(&self, lanes: Vec<Lane>) {
@@ -600,16 +607,17 @@ impl Runtime {
     }
 
     pub(crate) fn remove_peer(&self, slots: &Slots) {
-        self.each_slot(slots, |slot| Cmd::RemovePeer { slot });
+        self.each_slot(&slots.by_group, |slot| Cmd::RemovePeer { slot });
     }
 
     pub(crate) fn peer_lost(&self, slots: &Slots, reason: String) {
-        self.each_slot(slots, |slot| Cmd::PeerLost { slot, reason: reason.clone() });
+        self.each_slot(&slots.by_group, |slot| Cmd::PeerLost { slot, reason: reason.clone() });
     }
 
-    fn each_slot(&self, slots: &Slots, mut make: impl FnMut(usize) -> Cmd) {
-        for (g, &slot) in slots.iter().enumerate() {
-            if slot != NO_SLOT {
+    /// Send `make(slot)` to each group's reactor that holds the peer.
+    fn each_slot(&self, slots: &[Option<PeerSlot>], mut make: impl FnMut(PeerSlot) -> Cmd) {
+        for (g, slot) in slots.iter().enumerate() {
+            if let Some(slot) = *slot {
                 let _ = self.inner.groups[g].send(make(slot));
             }
         }
@@ -621,13 +629,17 @@ impl Runtime {
     /// keeps messages and answers questions about our memory).
     pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl) {
         let to = match &msg {
-            Ctl::Asleep | Ctl::Kick if slots.len() > 1 => {
-                return self.each_slot(slots, |slot| Cmd::Control { slot, peer_id, msg: msg.clone() });
+            Ctl::Asleep | Ctl::Kick if slots.by_group.len() > 1 => {
+                return self.each_slot(&slots.by_group, |slot| Cmd::Control {
+                    slot,
+                    peer_id,
+                    msg: msg.clone(),
+                });
             }
             Ctl::Verdict { token, .. } => (*token >> crate::reactor::TOKEN_GROUP_SHIFT) as usize,
             _ => 0,
         };
-        if let Some(&slot) = slots.get(to).filter(|&&s| s != NO_SLOT) {
+        if let Some(slot) = slots.by_group.get(to).copied().flatten() {
             let _ = self.inner.groups[to].send(Cmd::Control { slot, peer_id, msg });
         }
     }
@@ -646,10 +658,10 @@ impl Runtime {
             .inner
             .groups
             .iter()
-            .zip(slots.iter())
-            .map(|(g, &s)| if s == NO_SLOT { 0 } else { g.rails.len() })
+            .zip(slots.by_group.iter())
+            .map(|(g, s)| if s.is_some() { g.rails.len() } else { 0 })
             .collect();
-        for (g, part) in crate::runtime::fanout::split(req, &slots, &weights) {
+        for (g, part) in crate::runtime::fanout::split(req, &slots.by_group, &weights) {
             self.submit_to(g, part);
         }
     }
@@ -667,7 +679,8 @@ impl Runtime {
 /// A lane of a peer: the rail group whose reactor owns it, and its id in that group's transport.
 pub(crate) type Lane = (usize, LaneId);
 
-pub(crate) use crate::reactor::cmd::{Slots, NO_SLOT};
+pub(crate) use crate::reactor::cmd::Slots;
+use crate::reactor::cmd::{PeerSlot, PeerSlots};
 
 /// A [`Runtime`] handle that does not keep it alive.
 #[derive(Clone, Debug)]
