@@ -5,7 +5,7 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rdmalane::{Access, Error, Pieces, RemoteBuf};
-use rdmalane_conformance::{bounded, expose_to, pair, pattern, providers, runtime};
+use rdmalane_conformance::{bounded, expose_to, filled, pair, pattern, providers, runtime};
 
 /// Random pieces with non-overlapping remote ranges (so every target byte has one writer) and
 /// local ranges anywhere in `local_len`.
@@ -47,9 +47,7 @@ fn pages_and_scatter_lists_land_byte_exact_in_any_layout() {
             let (ab, ba) = pair(&a, &b).await;
             let mut rng = rand::rngs::StdRng::seed_from_u64(7);
             const LEN: usize = 8 << 20;
-            let want = pattern(LEN, 1);
-            let mut src = a.alloc(LEN).unwrap();
-            src.copy_from_slice(&want);
+            let (want, mut src) = filled(&a, LEN, 1);
             for round in 0..12 {
                 let (target, remote) = expose_to(&ba, &ab, LEN, Access::READ_WRITE).await;
                 let pieces = match round % 3 {

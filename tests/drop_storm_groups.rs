@@ -10,9 +10,7 @@ use rdmalane_conformance::{bounded, expose_to, pair, pattern};
 /// across the two reactors.
 fn grouped(provider: &str) -> Runtime {
     let sched = rdmalane::sched::SchedConfig { chunk_size: 8192, ..Default::default() };
-    Runtime::builder()
-        .backend(rdmalane_efa::Libfabric)
-        .provider(provider)
+    rdmalane_conformance::builder(provider)
         .rails(2)
         .rail_groups([[0], [1]])
         .scheduler(sched)

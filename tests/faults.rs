@@ -137,10 +137,7 @@ fn forged_descriptors_are_refused_by_the_provider_and_the_target_keeps_serving()
 }
 
 fn with_secret(p: &str, secret: Option<&str>) -> rdmalane::Runtime {
-    let mut b = rdmalane::Runtime::builder()
-        .backend(rdmalane_verbs::Verbs)
-        .backend(rdmalane_efa::Libfabric)
-        .provider(p);
+    let mut b = rdmalane_conformance::builder(p);
     if let Some(s) = secret {
         b = b.secret(s);
     }
@@ -193,10 +190,7 @@ fn a_shared_secret_admits_only_peers_that_know_it() {
 fn random_bytes_on_the_control_port_never_panic_or_hang_the_listener() {
     use tokio::io::AsyncWriteExt;
     bounded(120, async {
-        let server = rdmalane::Runtime::builder()
-            .backend(rdmalane_verbs::Verbs)
-            .backend(rdmalane_efa::Libfabric)
-            .provider(main_provider())
+        let server = rdmalane_conformance::builder(main_provider())
             .connect_timeout(std::time::Duration::from_millis(1500))
             .build()
             .unwrap();
@@ -265,16 +259,7 @@ fn one_sided_ops_above_the_largest_message_are_split_and_a_split_write_raises_it
     // by rendezvous: the next test.)
     bounded(120, async {
         for p in rdmalane_conformance::providers() {
-            let capped = || {
-                rdmalane::Runtime::builder()
-                    .backend(rdmalane_verbs::Verbs)
-                    .backend(rdmalane_efa::Libfabric)
-                    .provider(p)
-                    .max_message(4096)
-                    .build()
-                    .unwrap()
-            };
-            let (a, b) = (capped(), capped());
+            let (a, b) = (capped(p, 4096), capped(p, 4096));
             assert_eq!(a.caps().max_msg_size, 4096, "{p}");
             let (ab, ba) = pair(&a, &b).await;
             let len = 64 * 1024 + 123;
@@ -301,13 +286,7 @@ fn one_sided_ops_above_the_largest_message_are_split_and_a_split_write_raises_it
 }
 
 fn capped(p: &str, max: usize) -> rdmalane::Runtime {
-    rdmalane::Runtime::builder()
-        .backend(rdmalane_verbs::Verbs)
-        .backend(rdmalane_efa::Libfabric)
-        .provider(p)
-        .max_message(max)
-        .build()
-        .unwrap()
+    rdmalane_conformance::builder(p).max_message(max).build().unwrap()
 }
 
 #[test]
@@ -378,14 +357,8 @@ fn shm_checks_one_sided_ops_unless_local_peers_are_trusted() {
         return;
     }
     bounded(60, async {
-        let open = |trust: bool| {
-            rdmalane::Runtime::builder()
-                .backend(rdmalane_efa::Libfabric)
-                .provider("shm")
-                .trust_local_peers(trust)
-                .build()
-                .unwrap()
-        };
+        let open =
+            |trust: bool| rdmalane_conformance::builder("shm").trust_local_peers(trust).build().unwrap();
         assert!(open(false).caps().silent_refusals, "checked by default");
         let (a, b) = (open(true), open(true));
         assert!(!a.caps().silent_refusals, "trusted: the fast path");

@@ -9,10 +9,7 @@ use rdmalane::{Access, Runtime};
 use rdmalane_conformance::{bounded, expose_to, pair, pattern, providers};
 
 fn cached_runtime(p: &str, cap: usize) -> Runtime {
-    Runtime::builder()
-        .backend(rdmalane_verbs::Verbs)
-        .backend(rdmalane_efa::Libfabric)
-        .provider(p)
+    rdmalane_conformance::builder(p)
         .mr_cache_bytes(cap)
         .idle_spin(Duration::from_micros(50))
         .build()

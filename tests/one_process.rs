@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::{Access, Driver, Endpoint, Error, OpKind, RegisteredBuf, RemoteBuf, Runtime};
-use rdmalane_conformance::{bounded, builder, expose_to, pair, pattern, providers, runtime, watchdog};
+use rdmalane_conformance::{
+    bounded, builder, expose_to, filled, pair, pattern, providers, runtime, watchdog,
+};
 
 const SIZES: [usize; 9] = [1, 7, 63, 4096, 4097, 65_537, (1 << 20) + 3, 9_999_991, 64 << 20];
 
@@ -16,9 +18,7 @@ fn write_then_read_is_byte_exact_from_1_byte_to_64_mib() {
             let (ab, ba) = pair(&a, &b).await;
             let (target, remote) = expose_to(&ba, &ab, 64 << 20, Access::READ_WRITE).await;
             for (i, &size) in SIZES.iter().enumerate() {
-                let want = pattern(size, i as u64);
-                let mut src = a.alloc(size).unwrap();
-                src.copy_from_slice(&want);
+                let (want, src) = filled(&a, size, i as u64);
                 let (r, _src) = ab.write_remote(src, &remote).await;
                 r.unwrap_or_else(|e| panic!("{p}: write {size}: {e}"));
                 assert!(
@@ -59,9 +59,7 @@ fn send_and_recv_carry_messages_of_every_size() {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
             for (i, &size) in SIZES[..7].iter().enumerate() {
-                let want = pattern(size, 100 + i as u64);
-                let mut src = a.alloc(size).unwrap();
-                src.copy_from_slice(&want);
+                let (want, src) = filled(&a, size, 100 + i as u64);
                 let recv = ba.recv(b.alloc(size + 16).unwrap()).start();
                 let (s, _) = ab.send(src).await;
                 s.unwrap_or_else(|e| panic!("{p}: send {size}: {e}"));
@@ -497,13 +495,7 @@ fn another_thread_registers_and_stops_while_an_inline_driver_holds_the_reactor()
 }
 
 fn inline_runtime(p: &str) -> Runtime {
-    Runtime::builder()
-        .backend(rdmalane_verbs::Verbs)
-        .backend(rdmalane_efa::Libfabric)
-        .provider(p)
-        .driver(Driver::Inline)
-        .build()
-        .unwrap()
+    rdmalane_conformance::builder(p).driver(Driver::Inline).build().unwrap()
 }
 
 #[test]
@@ -569,11 +561,7 @@ fn connecting_where_nobody_listens_fails_in_time() {
 
 #[test]
 fn an_unavailable_provider_is_named_with_what_exists() {
-    let r = Runtime::builder()
-        .backend(rdmalane_verbs::Verbs)
-        .backend(rdmalane_efa::Libfabric)
-        .provider("no-such-provider")
-        .build();
+    let r = rdmalane_conformance::builder("no-such-provider").build();
     match r {
         Err(Error::ProviderUnavailable { requested, found }) => {
             assert_eq!(requested, "no-such-provider");
@@ -646,9 +634,7 @@ fn reads_spaced_far_apart_or_not_at_all_still_complete_every_op() {
                     assert!(got[..] == want[..], "{p} {spacing:?}: round {round}");
                 }
                 let (target, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
-                let want = pattern(1 << 20, 7);
-                let mut src = a.alloc(1 << 20).unwrap();
-                src.copy_from_slice(&want);
+                let (want, src) = filled(&a, 1 << 20, 7);
                 ab.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p} {spacing:?}: {e}"));
                 assert!(target.as_slice() == &want[..], "{p} {spacing:?}: the write landed whole");
             }

@@ -5,16 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use rdmalane::{Access, Pieces, Runtime};
-use rdmalane_conformance::{bounded, expose_to, pair, pattern, rail_providers, runtime};
+use rdmalane_conformance::{
+    bounded, expose_to, filled, pair, pattern, rail_providers, runtime, shuffled_pages, write_and_read_back,
+};
 
 /// Four rails in two groups of two: `[[0, 1], [2, 3]]`.
 fn grouped(provider: &str) -> Runtime {
-    Runtime::builder()
-        .backend(rdmalane_efa::Libfabric)
-        .provider(provider)
+    rdmalane_conformance::builder(provider)
         .rails(4)
         .rail_groups([[0, 1], [2, 3]])
         // Sends above 1 MiB go by rendezvous: the receiver reads them from the sender.
@@ -52,16 +50,10 @@ fn groups_have_reactors_of_their_own_and_bulk_spans_them() {
             const LEN: usize = 16 << 20;
             let (target, remote) = expose_to(&ba, &ab, LEN, Access::READ_WRITE).await;
             assert_eq!(remote.rails(), 4, "{p}: a key per rail, from both groups' transports");
-            let want = pattern(LEN, 21);
-            let mut src = a.alloc(LEN).unwrap();
-            src.copy_from_slice(&want);
+            let (want, src) = filled(&a, LEN, 21);
 
             // A batch of shuffled pages, split between the groups.
-            let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-            let mut l: Vec<usize> = (0..256).collect();
-            let mut r = l.clone();
-            l.shuffle(&mut rng);
-            r.shuffle(&mut rng);
+            let (l, r) = shuffled_pages(256, 9);
             let pieces = Pieces::pages(&l, &r, 65536).unwrap();
             let (n, src) = ab.write_batch(src, &remote, &pieces).await;
             assert_eq!(n.unwrap(), LEN, "{p}: the parts' bytes add up");
@@ -79,12 +71,7 @@ fn groups_have_reactors_of_their_own_and_bulk_spans_them() {
             );
 
             // A plain write and a read, split the same way.
-            let (res, src) = ab.write_remote(src, &remote).await;
-            res.unwrap();
-            assert!(target.as_slice() == &want[..], "{p}: whole-region write");
-            let (n, back) = ab.read_remote(a.alloc(LEN).unwrap(), &remote).await;
-            assert_eq!(n.unwrap(), LEN);
-            assert!(back[..] == want[..], "{p}: read back");
+            let src = write_and_read_back(&a, &ab, src, &remote, target.as_slice(), &want, p).await;
             assert!(a.rail_bytes()[2] > per_rail[2], "{p}: the second group moved part of them");
 
             // Pieces raising an immediate value each: counted at the target, from both groups.
@@ -153,9 +140,7 @@ fn a_dropped_split_op_keeps_its_buffer_until_every_part_is_done() {
             }
             assert!(held_on > 0, "{p}: some dropped op had parts in flight, and its buffer was kept");
             // The runtime carries on: a last write lands whole.
-            let want = pattern(LEN, 99);
-            let mut src = a.alloc(LEN).unwrap();
-            src.copy_from_slice(&want);
+            let (want, src) = filled(&a, LEN, 99);
             ab.write_remote(src, &remote).await.0.unwrap();
             assert!(target.as_slice() == &want[..], "{p}");
             let s = a.stats();
@@ -172,9 +157,7 @@ fn grouped_and_single_reactor_runtimes_meet_both_ways() {
             for (x, y) in [(&a, &b), (&b, &a)] {
                 let (xy, yx) = pair(x, y).await;
                 let (target, remote) = expose_to(&yx, &xy, 8 << 20, Access::READ_WRITE).await;
-                let want = pattern(8 << 20, 5);
-                let mut src = x.alloc(8 << 20).unwrap();
-                src.copy_from_slice(&want);
+                let (want, src) = filled(x, 8 << 20, 5);
                 xy.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: {e}"));
                 assert!(target.as_slice() == &want[..], "{p}: bytes across shapes");
                 let (n, back) = xy.read_remote(x.alloc(8 << 20).unwrap(), &remote).await;
@@ -190,14 +173,8 @@ fn grouped_and_single_reactor_runtimes_meet_both_ways() {
 
 #[test]
 fn bad_rail_groups_are_refused_by_name() {
-    let build = |groups: Vec<Vec<usize>>| {
-        Runtime::builder()
-            .backend(rdmalane_efa::Libfabric)
-            .provider("tcp")
-            .rails(2)
-            .rail_groups(groups)
-            .build()
-    };
+    let build =
+        |groups: Vec<Vec<usize>>| rdmalane_conformance::builder("tcp").rails(2).rail_groups(groups).build();
     for (groups, want) in [
         (vec![vec![0], vec![0, 1]], "rail 0 in two rail groups"),
         (vec![vec![0]], "rail 1 is in no rail group"),

@@ -1,11 +1,12 @@
 //! Multi-rail on real providers: tcp over two loopback addresses and shm over two domains. Bulk
 //! stripes over the rails' lanes, every byte lands once, and peers with different rail counts
 //! still meet.
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use rdmalane::sched::Stripe;
 use rdmalane::{Access, Pieces};
-use rdmalane_conformance::{bounded, expose_to, pair, pattern, rail_providers, runtime, runtime_with_rails};
+use rdmalane_conformance::{
+    bounded, expose_to, filled, pair, rail_providers, runtime, runtime_with_rails, shuffled_pages,
+    write_and_read_back,
+};
 
 #[test]
 fn batches_and_writes_stripe_over_rails_and_cover_every_byte_once() {
@@ -19,14 +20,8 @@ fn batches_and_writes_stripe_over_rails_and_cover_every_byte_once() {
                 const LEN: usize = 16 << 20;
                 let (target, remote) = expose_to(&ba, &ab, LEN, Access::READ_WRITE).await;
                 assert_eq!(remote.rails(), 2, "{p}: the descriptor carries a key per rail");
-                let want = pattern(LEN, 11);
-                let mut src = a.alloc(LEN).unwrap();
-                src.copy_from_slice(&want);
-                let mut rng = rand::rngs::StdRng::seed_from_u64(5);
-                let mut l: Vec<usize> = (0..256).collect();
-                let mut r = l.clone();
-                l.shuffle(&mut rng);
-                r.shuffle(&mut rng);
+                let (want, src) = filled(&a, LEN, 11);
+                let (l, r) = shuffled_pages(256, 5);
                 let pieces = Pieces::pages(&l, &r, 65536).unwrap();
                 let before: u64 = a.rail_bytes().iter().sum();
                 let (n, src) = ab.write_batch(src, &remote, &pieces).await;
@@ -45,12 +40,8 @@ fn batches_and_writes_stripe_over_rails_and_cover_every_byte_once() {
                     "{p}/{stripe:?}: both rails carried a share: {per_rail:?}"
                 );
                 // A plain large write and a read back stripe the same way.
-                let (r1, _src) = ab.write_remote(src, &remote).await;
-                r1.unwrap();
-                assert!(target.as_slice() == &want[..], "{p}/{stripe:?}: whole-region write");
-                let (n, back) = ab.read_remote(a.alloc(LEN).unwrap(), &remote).await;
-                assert_eq!(n.unwrap(), LEN);
-                assert!(back[..] == want[..], "{p}/{stripe:?}: read back");
+                let what = format!("{p}/{stripe:?}");
+                write_and_read_back(&a, &ab, src, &remote, target.as_slice(), &want, &what).await;
                 // Messages still flow on the express lane.
                 let recv = ba.recv(b.alloc(64).unwrap()).start();
                 ab.send(a.alloc(64).unwrap()).await.0.unwrap();
@@ -68,9 +59,7 @@ fn peers_with_different_rail_counts_meet_and_move_bytes() {
             for (x, y) in [(&a, &b), (&b, &a)] {
                 let (xy, yx) = pair(x, y).await;
                 let (target, remote) = expose_to(&yx, &xy, 4 << 20, Access::WRITE).await;
-                let want = pattern(4 << 20, 2);
-                let mut src = x.alloc(4 << 20).unwrap();
-                src.copy_from_slice(&want);
+                let (want, src) = filled(x, 4 << 20, 2);
                 xy.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: {e}"));
                 assert!(target.as_slice() == &want[..], "{p}: bytes across rail counts");
             }

@@ -3,7 +3,9 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::{Endpoint, RemoteBuf, Runtime};
-use rdmalane_conformance::{bounded, cmd, encode_cmd, hash, pair, pattern, providers, runtime, PeerProcess};
+use rdmalane_conformance::{
+    bounded, cmd, encode_cmd, filled, hash, pair, pattern, providers, runtime, PeerProcess,
+};
 
 const PEER: &str = env!("CARGO_BIN_EXE_peer");
 
@@ -34,9 +36,7 @@ fn writes_reads_and_messages_cross_processes_byte_exact() {
             let ep = rt.connect(peer.addr.clone()).await.unwrap();
             let remote = descriptor(&ep).await;
             for (i, size) in [1usize, 4099, (1 << 20) + 7, 64 << 20].into_iter().enumerate() {
-                let want = pattern(size, i as u64);
-                let mut src = rt.alloc(size).unwrap();
-                src.copy_from_slice(&want);
+                let (want, src) = filled(&rt, size, i as u64);
                 ep.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: write {size}: {e}"));
                 assert_eq!(
                     ask(&rt, &ep, cmd::HASH, size as u64, 0).await,
@@ -141,13 +141,8 @@ fn a_frozen_peer_is_lost_after_the_peer_timeout() {
     for p in providers() {
         let peer = PeerProcess::spawn(PEER, p);
         bounded(60, async {
-            let rt = rdmalane::Runtime::builder()
-                .backend(rdmalane_verbs::Verbs)
-                .backend(rdmalane_efa::Libfabric)
-                .provider(p)
-                .peer_timeout(Duration::from_millis(900))
-                .build()
-                .unwrap();
+            let rt =
+                rdmalane_conformance::builder(p).peer_timeout(Duration::from_millis(900)).build().unwrap();
             let ep = rt.connect(peer.addr.clone()).await.unwrap();
             let _remote = descriptor(&ep).await;
             let recv = ep.recv(rt.alloc(64).unwrap()).start();

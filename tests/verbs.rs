@@ -2,10 +2,10 @@
 //! `scripts/test-verbs.sh`). Where the host has no device, each test says so and checks only
 //! that the backend refuses plainly: no device is faked.
 use rdmalane::backend::{Access, Completion, WrKind};
-use rdmalane::{Error, RemoteBuf, Runtime};
+use rdmalane::{Error, RemoteBuf};
 use rdmalane_conformance::{bounded, pair, pattern, runtime, share};
 use rdmalane_efa::raw::RawEngine;
-use rdmalane_verbs::{DeviceSpec, Verbs, VerbsTransport};
+use rdmalane_verbs::{DeviceSpec, VerbsTransport};
 
 /// The device to test on, or `None` (said once per test) where the host has none.
 fn device(test: &str) -> Option<String> {
@@ -22,12 +22,12 @@ fn device(test: &str) -> Option<String> {
 fn without_a_device_the_backend_says_so_plainly() {
     if !rdmalane_verbs::devices().is_empty() {
         // With a device: a name that is not there is refused with the list of those that are.
-        let r = Runtime::builder().backend(Verbs).provider("verbs:no_such_dev").build();
+        let r = rdmalane_conformance::builder("verbs:no_such_dev").build();
         let Err(e) = r else { panic!("opened a device that does not exist") };
         assert!(e.to_string().contains("no device named 'no_such_dev'"), "{e}");
         return;
     }
-    let r = Runtime::builder().backend(Verbs).provider("verbs").build();
+    let r = rdmalane_conformance::builder("verbs").build();
     let Err(e) = r else { panic!("opened a verbs device on a host without one") };
     assert!(matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("no RDMA device"), "{e}");
 }

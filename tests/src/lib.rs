@@ -59,6 +59,48 @@ pub fn runtime_with_rails(provider: &str, rails: usize, stripe: rdmalane::sched:
         .unwrap_or_else(|e| panic!("runtime on {provider} with {rails} rails: {e}"))
 }
 
+/// `len` bytes of `rt`'s registered memory holding [`pattern`]`(len, seed)`, with the pattern
+/// to check them against.
+pub fn filled(rt: &Runtime, len: usize, seed: u64) -> (Vec<u8>, rdmalane::RegisteredBuf) {
+    let want = pattern(len, seed);
+    let mut buf = rt.alloc(len).unwrap_or_else(|e| panic!("alloc {len}: {e}"));
+    buf.copy_from_slice(&want);
+    (want, buf)
+}
+
+/// Pages `0..n` in two independent shuffles from `seed`: where each page comes from and goes to.
+pub fn shuffled_pages(n: usize, seed: u64) -> (Vec<usize>, Vec<usize>) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut l: Vec<usize> = (0..n).collect();
+    let mut r = l.clone();
+    l.shuffle(&mut rng);
+    r.shuffle(&mut rng);
+    (l, r)
+}
+
+/// Write `src` (holding `want`) over all of `remote` (`target` is the memory it names), check
+/// the target, read it back into fresh memory of `rt` and check that too; `what` names the case
+/// in failures. Returns the source buffer.
+pub async fn write_and_read_back(
+    rt: &Runtime,
+    ep: &Endpoint,
+    src: rdmalane::RegisteredBuf,
+    remote: &RemoteBuf,
+    target: &[u8],
+    want: &[u8],
+    what: &str,
+) -> rdmalane::RegisteredBuf {
+    let (res, src) = ep.write_remote(src, remote).await;
+    res.unwrap_or_else(|e| panic!("{what}: write: {e}"));
+    assert!(target == want, "{what}: whole-region write");
+    let (n, back) = ep.read_remote(rt.alloc(want.len()).unwrap(), remote).await;
+    assert_eq!(n.unwrap_or_else(|e| panic!("{what}: read: {e}")), want.len());
+    assert!(back[..] == want[..], "{what}: read back");
+    src
+}
+
 /// Run `f` on a fresh tokio runtime; a test that passes `secs` fails (a hang is a failure).
 pub fn bounded<F: Future>(secs: u64, f: F) -> F::Output {
     let rt =
