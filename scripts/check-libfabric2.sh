@@ -32,7 +32,7 @@ Cflags: -I\${includedir}
 Libs: -lfabric
 PC
 echo "check-libfabric2: rdmalane-efa against libfabric $ver headers ($(basename "$deb"))"
-PKG_CONFIG_PATH="$work/pkgconfig" cargo check -q -p rdmalane-efa --target-dir "$work/target"
+PKG_CONFIG_PATH="$work/pkgconfig" cargo check -q -p rdmalane-efa --features raw --target-dir "$work/target"
 # Evidence the build used those headers: the version the build script read from them.
 used=$(grep -h "RDMALANE_FI_HEADER_VERSION=" "$work"/target/debug/build/rdmalane-efa-*/output | tail -1 | cut -d= -f3)
 [ "$used" = "$ver" ] || { echo "check-libfabric2: the build read libfabric '$used', not $ver" >&2; exit 1; }

@@ -368,12 +368,17 @@ impl Samples {
     }
 }
 
+/// Without the `probe` feature there is nothing to report.
+#[cfg(not(feature = "probe"))]
+fn report_probe(_side: &str, _a: &Common) {}
+
 /// With the `probe` feature: where this side's time went, on stderr (this thread's count: the
 /// inline driver's, or the raw engine's).
+#[cfg(feature = "probe")]
 fn report_probe(side: &str, a: &Common) {
-    let Some(p) = rdmalane_efa::probe::snapshot() else { return };
+    let Some(p) = rdmalane_efa::probe_snapshot() else { return };
     let c = clock();
-    let ns = |t: &rdmalane_efa::probe::Tally| t.mean().map_or("-".into(), |m| format!("{:.0} ns", c.ns(m)));
+    let ns = |t: &rdmalane_efa::Tally| t.mean().map_or("-".into(), |m| format!("{:.0} ns", c.ns(m)));
     eprintln!(
         "probe {side} ({:?} engine): turnaround {} over {} replies; lookout {}; fi_cq_read {} with \
          completions, {} without; posting a send or write {}",

@@ -116,7 +116,7 @@ impl FabricTransport {
     }
 
     /// Leave `every` after a completion-queue read that found nothing before the next one
-    /// (see [`crate::spacing`]); `None` keeps the provider's default.
+    /// (see the crate's `spacing` module); `None` keeps the provider's default.
     pub fn space_polls(&mut self, every: Option<Duration>) {
         if let Some(every) = every {
             self.spacing = Spacing::new(every);

@@ -12,18 +12,23 @@
 //! # Ok::<(), rdmalane::Error>(())
 //! ```
 mod exit_guard;
-pub mod fabric;
-pub mod ffi;
+mod fabric;
+mod ffi;
 mod info;
-pub mod probe;
+mod probe;
+#[cfg(feature = "raw")]
 pub mod raw;
 mod shm_files;
 mod shm_peers;
-pub mod spacing;
+mod spacing;
 mod util;
 
 pub use fabric::FabricTransport;
 pub use info::provider_string;
+/// Where the provider's calls and the caller's turnaround spent their time (the `probe`
+/// feature; `rdmalane-perf lat` reports it).
+#[cfg(feature = "probe")]
+pub use probe::{snapshot as probe_snapshot, Probe, Tally};
 
 use rdmalane::backend::{Backend, Transport, TransportConfig};
 

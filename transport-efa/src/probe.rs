@@ -17,6 +17,7 @@ pub struct Tally {
 
 impl Tally {
     /// Mean ticks per call; `None` before any.
+    #[cfg_attr(not(feature = "probe"), allow(dead_code))]
     pub fn mean(&self) -> Option<f64> {
         (self.count > 0).then(|| self.ticks as f64 / self.count as f64)
     }
@@ -62,6 +63,7 @@ thread_local! {
 const ON: bool = cfg!(feature = "probe");
 
 /// This thread's measurements; `None` when built without the feature.
+#[cfg_attr(not(feature = "probe"), allow(dead_code))]
 pub fn snapshot() -> Option<Probe> {
     ON.then(|| PROBE.get())
 }
