@@ -563,7 +563,8 @@ fn connecting_where_nobody_listens_fails_in_time() {
 fn an_unavailable_provider_is_named_with_what_exists() {
     let r = rdmalane_conformance::builder("no-such-provider").build();
     match r {
-        Err(Error::ProviderUnavailable { requested, found }) => {
+        Err(Error::ProviderUnavailable { backend, requested, found }) => {
+            assert_eq!(backend, "libfabric");
             assert_eq!(requested, "no-such-provider");
             assert!(found.contains("shm") && found.contains("tcp"), "found: {found}");
         }

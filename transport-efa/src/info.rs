@@ -130,6 +130,8 @@ pub(crate) fn select(requested: &str, node: Option<&str>, trust_local: bool) -> 
     let node = node.or(if prov.starts_with("tcp") { Some("127.0.0.1") } else { None });
     match getinfo(&prov, node, trust_local) {
         Ok(list) if !list.0.is_null() => Ok((list, prov)),
-        Ok(_) | Err(_) => Err(Error::ProviderUnavailable { requested: prov, found: available() }),
+        Ok(_) | Err(_) => {
+            Err(Error::ProviderUnavailable { backend: "libfabric", requested: prov, found: available() })
+        }
     }
 }

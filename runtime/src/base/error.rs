@@ -1,6 +1,7 @@
 //! The one error type every rdmalane operation returns.
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 
 /// Which operation an error belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,7 +71,7 @@ pub struct TransportError {
     pub provider: String,
     /// The provider's errno (positive), 0 when not applicable.
     pub errno: i32,
-    /// The provider's text for it (`fi_strerror` / `fi_cq_strerror`).
+    /// The provider's text for it (libfabric's `fi_strerror`, verbs' status string, ...).
     pub text: String,
     /// How to read it.
     pub class: FailureClass,
@@ -95,7 +96,7 @@ pub enum Error {
         /// The operation.
         op: OpKind,
         /// The peer, as `addr#runtime-id`, or `-` when there is none.
-        peer: String,
+        peer: Arc<str>,
         /// What the provider said.
         source: TransportError,
     },
@@ -105,7 +106,7 @@ pub enum Error {
         /// The operation.
         op: OpKind,
         /// The peer.
-        peer: String,
+        peer: Arc<str>,
         /// What the provider said.
         source: TransportError,
     },
@@ -115,16 +116,18 @@ pub enum Error {
         /// The operation.
         op: OpKind,
         /// The peer.
-        peer: String,
+        peer: Arc<str>,
         /// How the loss was noticed.
-        reason: String,
+        reason: Arc<str>,
     },
     /// The requested provider is not available on this machine.
-    #[error("libfabric provider {requested:?} is not available; fi_getinfo found: [{found}]")]
+    #[error("{backend} provider {requested:?} is not available; it found: [{found}]")]
     ProviderUnavailable {
+        /// The backend that looked (`libfabric`, `verbs`).
+        backend: &'static str,
         /// What was asked for.
         requested: String,
-        /// The providers fi_getinfo did report.
+        /// The providers the backend did find.
         found: String,
     },
     /// A remote range outside the descriptor; refused before anything was posted.
@@ -153,7 +156,7 @@ pub enum Error {
         /// The operation.
         op: OpKind,
         /// The peer address.
-        peer: String,
+        peer: Arc<str>,
         /// The limit that passed.
         after_ms: u64,
     },
@@ -163,11 +166,11 @@ pub enum Error {
         /// Connect or accept.
         op: OpKind,
         /// The peer address.
-        peer: String,
+        peer: Arc<str>,
         /// Why, as a kind: wrong secret, other version, ...
         why: crate::base::refusal::RefusalReason,
         /// What exactly was wrong.
-        reason: String,
+        reason: Arc<str>,
     },
     /// A socket error on the control plane.
     #[error("{op} with {peer}: {source}")]
@@ -175,7 +178,7 @@ pub enum Error {
         /// The operation.
         op: OpKind,
         /// The peer address.
-        peer: String,
+        peer: Arc<str>,
         /// The I/O error.
         source: io::Error,
     },
@@ -223,11 +226,11 @@ impl Error {
 
     pub(crate) fn from_transport(op: OpKind, peer: &str, e: TransportError) -> Error {
         match e.class {
-            FailureClass::RemoteAccess => Error::RemoteAccess { op, peer: peer.to_string(), source: e },
+            FailureClass::RemoteAccess => Error::RemoteAccess { op, peer: peer.into(), source: e },
             FailureClass::PeerUnreachable => {
-                Error::PeerLost { op, peer: peer.to_string(), reason: e.to_string() }
+                Error::PeerLost { op, peer: peer.into(), reason: e.to_string().into() }
             }
-            _ => Error::Transport { op, peer: peer.to_string(), source: e },
+            _ => Error::Transport { op, peer: peer.into(), source: e },
         }
     }
 

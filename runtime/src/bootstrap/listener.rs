@@ -114,12 +114,12 @@ impl Listener {
             Some(Ended::Shutdown) => Error::Shutdown { op: OpKind::Accept },
             Some(Ended::Io(kind, why)) => Error::Io {
                 op: OpKind::Accept,
-                peer: self.addr.to_string(),
+                peer: self.addr.to_string().into(),
                 source: std::io::Error::new(kind, format!("the listener can no longer accept: {why}")),
             },
             None => Error::Io {
                 op: OpKind::Accept,
-                peer: self.addr.to_string(),
+                peer: self.addr.to_string().into(),
                 source: std::io::Error::other("the listener can no longer accept: its task ended"),
             },
         }

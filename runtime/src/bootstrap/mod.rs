@@ -53,7 +53,7 @@ impl Runtime {
         }
         let label = addr.to_string();
         let limit = self.connect_timeout();
-        let io = |e| Error::Io { op: OpKind::Connect, peer: label.clone(), source: e };
+        let io = |e| Error::Io { op: OpKind::Connect, peer: label.as_str().into(), source: e };
         let attempt = async {
             let (opened, names) = LanesGuard::open(self, &label, lanes)?;
             let stream = TcpStream::connect(addr).await.map_err(io)?;
@@ -62,17 +62,19 @@ impl Runtime {
                 DriveError::Runtime(e) => e,
                 DriveError::Refused(f) => Error::Handshake {
                     op: OpKind::Connect,
-                    peer: peer.to_string(),
+                    peer: peer.to_string().into(),
                     why: f.reason,
-                    reason: f.detail.to_string(),
+                    reason: f.detail.to_string().into(),
                 },
             })
         };
         match tokio::time::timeout(limit, attempt).await {
             Ok(r) => r,
-            Err(_) => {
-                Err(Error::Timeout { op: OpKind::Connect, peer: label, after_ms: limit.as_millis() as u64 })
-            }
+            Err(_) => Err(Error::Timeout {
+                op: OpKind::Connect,
+                peer: label.into(),
+                after_ms: limit.as_millis() as u64,
+            }),
         }
     }
 }

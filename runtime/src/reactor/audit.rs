@@ -283,7 +283,7 @@ impl Reactor {
         if let Some(c) = f.and_then(|f| f.chunk) {
             let e = Error::Transport {
                 op: f.map_or(OpKind::Write, |f| f.op),
-                peer: self.peers.get(slot).map_or_else(String::new, |p| p.label.clone()),
+                peer: self.peers.get(slot).map_or_else(|| "-".into(), |p| p.label.clone()),
                 source: self
                     .local_error(FailureClass::Cancelled, "dropped by the provider without a completion"),
             };
@@ -394,7 +394,7 @@ impl Reactor {
                         (Some(reason), Some(p)) => Error::PeerLost {
                             op: e.op(),
                             peer: p.label.clone(),
-                            reason: format!("{reason}; {e}"),
+                            reason: format!("{reason}; {e}").into(),
                         },
                         _ => e,
                     };

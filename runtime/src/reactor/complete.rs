@@ -86,9 +86,11 @@ impl Reactor {
         let peer = &mut self.peers[f.peer];
         peer.inflight -= 1;
         let err = status.err().map(|e| match peer.lost() {
-            Some(reason) => {
-                Error::PeerLost { op: f.op, peer: peer.label.clone(), reason: format!("{reason}; {e}") }
-            }
+            Some(reason) => Error::PeerLost {
+                op: f.op,
+                peer: peer.label.clone(),
+                reason: format!("{reason}; {e}").into(),
+            },
             None => Error::from_transport(f.op, &peer.label, e),
         });
         if let Some(Error::Transport { source, .. }) = &err {

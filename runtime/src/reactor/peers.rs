@@ -18,7 +18,7 @@ use crate::base::transport::{LaneId, PeerAddr};
 pub(super) struct Peer {
     /// The peer runtime's id.
     pub(super) id: u64,
-    pub(super) label: String,
+    pub(super) label: Arc<str>,
     /// Our lanes to the peer: the lane, the peer's address on it, and the rail it runs on at
     /// the peer (whose key a one-sided op on it must use). The first carries messages.
     pub(super) lanes: Vec<(LaneId, PeerAddr, usize)>,
@@ -103,7 +103,7 @@ pub(super) enum PeerState {
         announced: bool,
     },
     /// Gone, for this reason: its lanes are closed and new ops fail at once.
-    Lost(String),
+    Lost(Arc<str>),
 }
 
 impl Peer {
@@ -125,7 +125,7 @@ impl Peer {
         let bulk_lanes = if express && lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
         Peer {
             id,
-            label,
+            label: label.into(),
             lanes,
             lane_ids,
             rails: rails.max(1),
@@ -141,7 +141,7 @@ impl Peer {
     }
 
     /// Why the peer is gone, once it is.
-    pub(super) fn lost(&self) -> Option<&str> {
+    pub(super) fn lost(&self) -> Option<&Arc<str>> {
         match &self.state {
             PeerState::Lost(why) => Some(why),
             PeerState::Live { .. } => None,
@@ -308,6 +308,7 @@ impl Reactor {
     /// The peer is gone: fail what it has queued, close its lanes (after reaping what already
     /// completed), and fail what was posted on them, whose buffers are ours again.
     pub(super) fn lose_peer(&mut self, slot: PeerSlot, reason: String) {
+        let reason: Arc<str> = reason.into();
         let label = self.peers[slot].label.clone();
         self.fail_peer(slot, (label.clone(), reason.clone()));
         // Lost before reaping: what the reap would start for this peer (a rendezvous read)
@@ -336,7 +337,7 @@ impl Reactor {
 
     /// Fail what a gone peer has queued: unposted receives at once, scheduled ops as soon as
     /// their posted chunks are back.
-    pub(super) fn fail_peer(&mut self, slot: PeerSlot, (peer, reason): (String, String)) {
+    pub(super) fn fail_peer(&mut self, slot: PeerSlot, (peer, reason): (Arc<str>, Arc<str>)) {
         let (gone, kept) = std::mem::take(&mut self.direct).into_iter().partition(|r| r.peer == slot);
         self.direct = kept;
         for req in gone {

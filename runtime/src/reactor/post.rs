@@ -137,8 +137,8 @@ impl Reactor {
         }
         let peer = self.peers.get(req.peer).filter(|p| p.id == req.peer_id);
         let gone = match peer {
-            None => Some((String::from("-"), String::from("endpoint closed"))),
-            Some(p) => p.lost().map(|r| (p.label.clone(), r.to_string())),
+            None => Some((Arc::from("-"), Arc::from("endpoint closed"))),
+            Some(p) => p.lost().map(|r| (p.label.clone(), r.clone())),
         };
         if let Some((peer, reason)) = gone {
             let err = Error::PeerLost { op: req.op, peer, reason };
@@ -224,7 +224,7 @@ impl Reactor {
                 continue;
             }
             let p = &self.peers[h.req.peer];
-            if let Some((peer, reason)) = p.lost().map(|r| (p.label.clone(), r.to_string())) {
+            if let Some((peer, reason)) = p.lost().map(|r| (p.label.clone(), r.clone())) {
                 let h = self.held[c.op.0].as_mut().expect("held");
                 h.error.get_or_insert(Error::PeerLost { op: h.req.op, peer, reason });
                 self.give_back(c, last_of_op, Scheduler::fail);
@@ -334,7 +334,7 @@ impl Reactor {
         }
         let p = &self.peers[req.peer];
         if let Some(reason) = p.lost() {
-            let err = Error::PeerLost { op: req.op, peer: p.label.clone(), reason: reason.to_string() };
+            let err = Error::PeerLost { op: req.op, peer: p.label.clone(), reason: reason.clone() };
             self.settle(&req.cell, Err(err));
             return Ok(());
         }

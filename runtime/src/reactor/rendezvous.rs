@@ -188,12 +188,12 @@ impl Reactor {
         if let Err(e) = self.t.deregister(out.mr) {
             tracing::warn!(token, error = %e, "deregistering an offered buffer failed");
         }
-        let label = self.peers.get(out.slot).map_or("-", |p| p.label.as_str());
+        let label: Arc<str> = self.peers.get(out.slot).map_or_else(|| "-".into(), |p| p.label.clone());
         let res = match res {
             Ok(Pulled::Whole) => Ok(Done { len: out.len, imm: None }),
             Ok(Pulled::TooSmall(n)) => Err(Error::Transport {
                 op: OpKind::Send,
-                peer: label.to_string(),
+                peer: label.clone(),
                 source: self.local_error(
                     FailureClass::Truncated,
                     format!(
@@ -204,7 +204,7 @@ impl Reactor {
             }),
             Ok(Pulled::Failed) => Err(Error::Transport {
                 op: OpKind::Send,
-                peer: label.to_string(),
+                peer: label.clone(),
                 source: self.local_error(FailureClass::Other, "the peer failed to read the message"),
             }),
             Err(e) => Err(e),
@@ -220,8 +220,12 @@ impl Reactor {
                 // A correct peer never reuses a token while its send runs.
                 let reason = format!("it sent two messages under rendezvous token {token}");
                 self.drop_peer(slot, reason.clone());
-                let peer = self.peers.get(slot).map_or_else(String::new, |p| p.label.clone());
-                settle_cell(&self.counters, &cell, Err(Error::PeerLost { op: OpKind::Recv, peer, reason }));
+                let peer = self.peers.get(slot).map_or_else(|| "-".into(), |p| p.label.clone());
+                settle_cell(
+                    &self.counters,
+                    &cell,
+                    Err(Error::PeerLost { op: OpKind::Recv, peer, reason: reason.into() }),
+                );
             }
             None => {
                 self.rndv.waiting.insert((slot, token), Waiting { cell, seg, since: self.now });
