@@ -83,11 +83,22 @@ impl OpReq {
 }
 
 /// A lane just opened, with its address for the peer.
-pub(crate) type OpenedLane = (LaneId, Vec<u8>);
+#[derive(Debug, Clone)]
+pub(crate) struct OpenedLane {
+    pub lane: LaneId,
+    /// Its address, for the peer to connect its lane to.
+    pub name: Vec<u8>,
+}
 
-/// One of our lanes to a new peer: its id, the address of the peer's lane to connect it to,
-/// and its place among the connection's lanes (0: the express lane).
-pub(crate) type PeerLane = (LaneId, Vec<u8>, usize);
+/// One of our lanes to a new peer.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerLane {
+    pub lane: LaneId,
+    /// The address of the peer's lane to connect it to.
+    pub peer_name: Vec<u8>,
+    /// Its place among the connection's lanes (0: the express lane).
+    pub place: usize,
+}
 
 /// A reply channel for control commands.
 pub(crate) type Reply<T> = SyncSender<T>;

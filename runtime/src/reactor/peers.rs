@@ -19,9 +19,8 @@ pub(super) struct Peer {
     /// The peer runtime's id.
     pub(super) id: u64,
     pub(super) label: Arc<str>,
-    /// Our lanes to the peer: the lane, the peer's address on it, and the rail it runs on at
-    /// the peer (whose key a one-sided op on it must use). The first carries messages.
-    pub(super) lanes: Vec<(LaneId, PeerAddr, usize)>,
+    /// Our lanes to the peer, with where each reaches it. The first carries messages.
+    pub(super) lanes: Vec<Route>,
     /// The same lanes, as the scheduler takes them.
     pub(super) lane_ids: Arc<[LaneId]>,
     /// The peer's rail count.
@@ -91,6 +90,16 @@ impl std::ops::IndexMut<PeerSlot> for Peers {
     }
 }
 
+/// One of our lanes to a peer, and where it reaches the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Route {
+    pub lane: LaneId,
+    /// The peer's address on it (what `connect_lane` returned).
+    pub addr: PeerAddr,
+    /// The peer's rail it reaches (whose key a one-sided op on it must use).
+    pub peer_rail: usize,
+}
+
 /// Where a peer is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PeerState {
@@ -112,16 +121,16 @@ impl Peer {
     pub(super) fn new(
         id: u64,
         label: String,
-        lanes: Vec<(LaneId, PeerAddr, usize)>,
+        lanes: Vec<Route>,
         rails: usize,
         ctl: UnboundedSender<Ctl>,
         now: Instant,
     ) -> Peer {
-        let lane_ids: Arc<[LaneId]> = lanes.iter().map(|(l, ..)| *l).collect();
+        let lane_ids: Arc<[LaneId]> = lanes.iter().map(|r| r.lane).collect();
         let msg_lane = lane_ids[..1.min(lane_ids.len())].into();
         // Behind the express lane (place 0), where this group holds it, bulk rotates over the
         // others.
-        let express = lanes.first().is_some_and(|l| l.2 == 0);
+        let express = lanes.first().is_some_and(|r| r.peer_rail == 0);
         let bulk_lanes = if express && lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
         Peer {
             id,
@@ -161,8 +170,8 @@ impl Peer {
     }
 
     /// The peer's address on `lane` and the peer's rail there.
-    pub(super) fn route(&self, lane: LaneId) -> (PeerAddr, usize) {
-        self.lanes.iter().find(|(l, ..)| *l == lane).map(|&(_, a, r)| (a, r)).expect("a lane of this peer")
+    pub(super) fn route(&self, lane: LaneId) -> Route {
+        *self.lanes.iter().find(|r| r.lane == lane).expect("a lane of this peer")
     }
 
     /// Of `lanes`, those reaching a peer rail the op's descriptor has a key for (`keys` of
@@ -172,7 +181,8 @@ impl Peer {
         if keys >= self.rails {
             return lanes;
         }
-        let reach: Arc<[LaneId]> = lanes.iter().copied().filter(|&l| self.route(l).1 < keys).collect();
+        let reach: Arc<[LaneId]> =
+            lanes.iter().copied().filter(|&l| self.route(l).peer_rail < keys).collect();
         if reach.is_empty() {
             self.msg_lane.clone()
         } else {
@@ -234,15 +244,15 @@ impl Reactor {
         let mut opened: Vec<OpenedLane> = Vec::with_capacity(rails.len());
         for rail in rails {
             match self.t.open_lane(rail) {
-                Ok(l) => {
-                    if self.lane_rail.len() <= l.0.index() {
-                        self.lane_rail.resize(l.0.index() + 1, 0);
+                Ok((lane, name)) => {
+                    if self.lane_rail.len() <= lane.index() {
+                        self.lane_rail.resize(lane.index() + 1, 0);
                     }
-                    self.lane_rail[l.0.index()] = self.rail_ids.get(rail).copied().unwrap_or(rail);
-                    opened.push(l)
+                    self.lane_rail[lane.index()] = self.rail_ids.get(rail).copied().unwrap_or(rail);
+                    opened.push(OpenedLane { lane, name })
                 }
                 Err(e) => {
-                    opened.iter().for_each(|(l, _)| self.t.close_lane(*l));
+                    opened.iter().for_each(|o| self.t.close_lane(o.lane));
                     return Err(e);
                 }
             }
@@ -261,17 +271,20 @@ impl Reactor {
         ctl: UnboundedSender<Ctl>,
     ) -> Result<PeerSlot, TransportError> {
         if self.phase != Phase::Running {
-            lanes.iter().for_each(|l| self.t.close_lane(l.0));
+            lanes.iter().for_each(|l| self.t.close_lane(l.lane));
             return Err(self.local_error(FailureClass::Other, "the runtime is shutting down"));
         }
-        let res: Result<Vec<(LaneId, PeerAddr, usize)>, TransportError> = lanes
+        let res: Result<Vec<Route>, TransportError> = lanes
             .iter()
-            .map(|(l, name, i)| self.t.connect_lane(*l, name).map(|a| (*l, a, rail_of(*i, rails))))
+            .map(|l| {
+                let peer_rail = rail_of(l.place, rails);
+                self.t.connect_lane(l.lane, &l.peer_name).map(|addr| Route { lane: l.lane, addr, peer_rail })
+            })
             .collect();
         match res {
             Ok(connected) => Ok(self.peers.insert(Peer::new(id, label, connected, rails, ctl, self.now))),
             Err(e) => {
-                lanes.iter().for_each(|l| self.t.close_lane(l.0));
+                lanes.iter().for_each(|l| self.t.close_lane(l.lane));
                 Err(e)
             }
         }
@@ -316,8 +329,8 @@ impl Reactor {
         self.peers[slot].state = PeerState::Lost(reason.clone());
         while self.reap_now() {}
         let lanes = std::mem::take(&mut self.peers[slot].lanes);
-        for (lane, ..) in &lanes {
-            self.t.close_lane(*lane);
+        for r in &lanes {
+            self.t.close_lane(r.lane);
         }
         let ids: Vec<usize> = self.inflight.iter().filter(|(_, f)| f.peer == slot).map(|(k, _)| k).collect();
         for k in ids {

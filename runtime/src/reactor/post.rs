@@ -236,15 +236,15 @@ impl Reactor {
         let mut segs = [LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 }; MAX_SGE];
         for (i, &c) in chunks.iter().enumerate() {
             let h = self.held[c.op.0].as_ref().expect("held");
-            let (peer_addr, peer_rail) = self.peers[h.req.peer].route(c.lane);
-            let (kind, n) = piece(&h.req, c.offset, c.len, peer_rail, &mut segs);
+            let route = self.peers[h.req.peer].route(c.lane);
+            let (kind, n) = piece(&h.req, c.offset, c.len, route.peer_rail, &mut segs);
             let entry = self.inflight.vacant_entry();
             self.generation += 1;
             let id = WrId::new(entry.key(), self.generation);
             let wr = WorkRequest {
                 id,
                 lane: c.lane,
-                peer: peer_addr,
+                peer: route.addr,
                 kind,
                 local: &segs[..n],
                 more: i + 1 < chunks.len(),
@@ -364,7 +364,7 @@ impl Reactor {
         kind: WrKind,
         seg: LocalSeg,
     ) -> (WrId, Result<Posted, PostError>) {
-        let (lane, addr, _) = self.peers[peer].lanes[0];
+        let super::peers::Route { lane, addr, .. } = self.peers[peer].lanes[0];
         self.generation += 1;
         let id = WrId::new(self.inflight.vacant_key(), self.generation);
         // A receive larger than any message the provider takes posts what it can take: a

@@ -115,8 +115,8 @@ impl Reactor {
         // Close every lane: after that no request touches memory, so what is still posted
         // (receives, ops the deadline cut short) can give its buffer back.
         for slot in slots {
-            for (lane, ..) in std::mem::take(&mut self.peers[slot].lanes) {
-                self.t.close_lane(lane);
+            for r in std::mem::take(&mut self.peers[slot].lanes) {
+                self.t.close_lane(r.lane);
             }
         }
         for (_, f) in std::mem::take(&mut self.inflight) {

@@ -63,7 +63,11 @@ fn rig_with(sched: SchedConfig, lanes: usize, max_msg_size: usize) -> Rig {
     let (reply, got) = mpsc::sync_channel(1);
     r.handle(Cmd::OpenLanes { rails: vec![0; lanes], reply });
     let opened = got.recv().expect("a reply").expect("lanes");
-    let mine = opened.into_iter().enumerate().map(|(i, (l, name))| (l, name, i)).collect();
+    let mine = opened
+        .into_iter()
+        .enumerate()
+        .map(|(place, o)| super::cmd::PeerLane { lane: o.lane, peer_name: o.name, place })
+        .collect();
     let (ctl, told) = unbounded_channel();
     let (reply, got) = mpsc::sync_channel(1);
     r.handle(Cmd::AddPeer { id: 7, lanes: mine, rails: 1, label: "peer".into(), ctl, reply });

@@ -91,9 +91,18 @@ impl Group {
     }
 }
 
-/// A registration made on every group's transport: its handle in each (id, local descriptor).
+/// A registration made on every group's transport: its handle in each.
 /// With several groups, the runtime's region id and descriptor name an entry here.
-type GroupRegs = Vec<(u64, usize)>;
+type GroupRegs = Vec<GroupReg>;
+
+/// One group's registration of a region.
+#[derive(Debug, Clone, Copy)]
+struct GroupReg {
+    /// Its id in the group's transport.
+    id: u64,
+    /// Its local descriptor there.
+    desc: usize,
+}
 
 struct Inner {
     id: u64,
@@ -412,10 +421,10 @@ impl Runtime {
                     for (&rail, key) in group.rails.iter().zip(group_keys) {
                         keys[rail] = key;
                     }
-                    regs.push((mr.id, mr.desc));
+                    regs.push(GroupReg { id: mr.id, desc: mr.desc });
                 }
                 Ok(mr) => {
-                    regs.push((mr.id, mr.desc));
+                    regs.push(GroupReg { id: mr.id, desc: mr.desc });
                     failure =
                         Some(Error::invalid(op, "the rail groups' transports address memory differently"));
                     break;
@@ -427,12 +436,12 @@ impl Runtime {
             }
         }
         if let Some(e) = failure {
-            for (g, (id, _)) in regs.into_iter().enumerate() {
+            for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
                 let _ = self.inner.groups[g].send(Cmd::Deregister { id, keep: None, reply: None });
             }
             return Err(e);
         }
-        let first = regs[0].0;
+        let first = regs[0].id;
         let handle = self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).insert(regs);
         let mr = MemoryRegion {
             id: handle as u64,
@@ -456,7 +465,7 @@ impl Runtime {
     /// Group `g`'s descriptor for the runtime's descriptor `desc` (several groups).
     fn group_desc(&self, desc: usize, g: usize) -> usize {
         let regs = self.inner.regs.read().unwrap_or_else(|p| p.into_inner());
-        regs.get(desc).and_then(|r| r.get(g)).map_or(0, |&(_, d)| d)
+        regs.get(desc).and_then(|r| r.get(g)).map_or(0, |r| r.desc)
     }
 
     /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration
@@ -465,7 +474,7 @@ impl Runtime {
         if self.inner.groups.len() > 1 {
             let Some(regs) = self.take_group_regs(id) else { return };
             let keep = keep.map(|k| Arc::new(Mutex::new(k)));
-            for (g, (id, _)) in regs.into_iter().enumerate() {
+            for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
                 let keep = keep.clone().map(|k| Box::new(k) as Box<dyn std::any::Any + Send>);
                 let _ = self.inner.groups[g].send(Cmd::Deregister { id, keep, reply: None });
             }
@@ -479,11 +488,11 @@ impl Runtime {
 
     pub(crate) fn deregister_now(&self, id: u64) -> Result<()> {
         let regs = match self.inner.groups.len() {
-            1 => vec![(id, 0)],
+            1 => vec![GroupReg { id, desc: 0 }],
             _ => self.take_group_regs(id).unwrap_or_default(),
         };
         let mut first = Ok(());
-        for (g, (id, _)) in regs.into_iter().enumerate() {
+        for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
             let res = self
                 .call_on(g, OpKind::Expose, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })
                 .and_then(|r| r.map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e)));
@@ -523,8 +532,8 @@ impl Runtime {
             match res {
                 Ok(opened) => {
                     let slots = (0..n).filter(|&i| at[i].0 == g);
-                    for (i, (lane, name)) in slots.zip(opened) {
-                        out[i] = Some(((g, lane), name));
+                    for (i, o) in slots.zip(opened) {
+                        out[i] = Some((Lane { group: g, lane: o.lane }, o.name));
                     }
                 }
                 Err(e) => {
@@ -557,8 +566,8 @@ impl Runtime {
         let mut slots: Vec<Option<PeerSlot>> = vec![None; self.inner.groups.len()];
         for g in 0..self.inner.groups.len() {
             let mine: Vec<PeerLane> = (0..lanes.len())
-                .filter(|&i| lanes[i].0 == g)
-                .map(|i| (lanes[i].1, names[i].clone(), i))
+                .filter(|&i| lanes[i].group == g)
+                .map(|i| PeerLane { lane: lanes[i].lane, peer_name: names[i].clone(), place: i })
                 .collect();
             if mine.is_empty() {
                 continue;
@@ -580,7 +589,7 @@ impl Runtime {
                     // Undo: the groups done lose the peer (closing its lanes), the others'
                     // lanes close (this group's failed add closed its own).
                     self.each_slot(&slots, |slot| Cmd::RemovePeer { slot });
-                    let rest = lanes.into_iter().filter(|l| l.0 > g).collect();
+                    let rest = lanes.into_iter().filter(|l| l.group > g).collect();
                     self.close_lanes(rest);
                     return Err(e);
                 }
@@ -599,7 +608,7 @@ impl Runtime {
 
     pub(crate) fn close_lanes(&self, lanes: Vec<Lane>) {
         for g in 0..self.inner.groups.len() {
-            let mine: Vec<LaneId> = lanes.iter().filter(|l| l.0 == g).map(|l| l.1).collect();
+            let mine: Vec<LaneId> = lanes.iter().filter(|l| l.group == g).map(|l| l.lane).collect();
             if !mine.is_empty() {
                 let _ = self.inner.groups[g].send(Cmd::CloseLanes { lanes: mine });
             }
@@ -676,8 +685,14 @@ impl Runtime {
     }
 }
 
-/// A lane of a peer: the rail group whose reactor owns it, and its id in that group's transport.
-pub(crate) type Lane = (usize, LaneId);
+/// A lane of a peer, by the rail group that owns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lane {
+    /// The rail group whose reactor owns it.
+    pub group: usize,
+    /// Its id in that group's transport.
+    pub lane: LaneId,
+}
 
 pub(crate) use crate::reactor::cmd::Slots;
 use crate::reactor::cmd::{PeerSlot, PeerSlots};

@@ -46,8 +46,14 @@ async fn main() {
                 let n = n.expect("echo recv");
                 let mut out = rt.alloc(n.max(1)).expect("alloc");
                 out[..n].copy_from_slice(&got[..n]);
-                ep.send(out.slice(..n).expect("slice")).await.0.expect("echo send");
-                continue;
+                match ep.send(out.slice(..n).expect("slice")).await.0 {
+                    Ok(_) => continue,
+                    // The echo arrived and the test moved on: its runtime may be gone before
+                    // our send's completion comes back (rxm completes a large send on the
+                    // receiver's ack), which is its loss, not a failure of the echo.
+                    Err(e) if e.is_peer_lost() => return,
+                    Err(e) => panic!("echo send: {e:?}"),
+                }
             }
             _ => return,
         }
