@@ -172,7 +172,7 @@ impl Reactor {
         };
         // The peer answers all our rail groups' questions together: each asks its share.
         let ours = MAX_ASKED_PER_SEC / self.groups.max(1);
-        if !within(&mut p.asked, self.now, Duration::from_secs(1), ours) {
+        if !p.asked.admit(self.now, Duration::from_secs(1), ours) {
             return;
         }
         self.audit.next_token = self.audit.next_token.wrapping_add(1) & ((1 << super::TOKEN_GROUP_SHIFT) - 1);
@@ -307,11 +307,10 @@ impl Reactor {
                 // error once it gives up): a burst of honest questions, all the ops a dropped
                 // connection cancelled, costs nothing more. Refusals are what probing for keys
                 // looks like: too many, and the peer is dropped.
-                if !within(&mut p.checks, now, Duration::from_secs(1), MAX_CHECKS_PER_SEC) {
+                if !p.checks.admit(now, Duration::from_secs(1), MAX_CHECKS_PER_SEC) {
                     return;
                 }
-                if verdict.refusal().is_some()
-                    && !within(&mut p.refused, now, Duration::from_secs(60), MAX_REFUSED)
+                if verdict.refusal().is_some() && !p.refused.admit(now, Duration::from_secs(60), MAX_REFUSED)
                 {
                     let why = format!(
                         "it was refused more than {MAX_REFUSED} times a minute asking about our memory"
@@ -406,16 +405,6 @@ impl Reactor {
     }
 }
 
-/// Count one more event in the window `(start, count)` of length `span`, starting a new
-/// window when it is over; false when the count goes above `max`.
-fn within(w: &mut (Instant, u32), now: Instant, span: Duration, max: u32) -> bool {
-    if now.duration_since(w.0) >= span {
-        *w = (now, 0);
-    }
-    w.1 = w.1.saturating_add(1);
-    w.1 <= max
-}
-
 /// The op's own failure, with a note that its target did not explain it.
 fn unexplained(e: Error, note: &str) -> Error {
     match e {
@@ -433,6 +422,7 @@ fn unexplained(e: Error, note: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reactor::peers::Window;
     use crate::reactor::testing::{cancelled, reactor};
 
     /// Ask about `cell` as if at `asked`, with the op over (`parked`) or still in flight.
@@ -502,16 +492,17 @@ mod tests {
 
     #[test]
     fn questions_to_one_peer_are_paced_below_what_it_answers() {
-        let mut w = (Instant::now(), 0);
+        let now = Instant::now();
+        let mut w = Window::new(now);
         let allowed = (0..MAX_CHECKS_PER_SEC)
-            .filter(|_| within(&mut w, Instant::now(), Duration::from_secs(60), MAX_ASKED_PER_SEC))
+            .filter(|_| w.admit(now, Duration::from_secs(60), MAX_ASKED_PER_SEC))
             .count();
         assert_eq!(allowed as u32, MAX_ASKED_PER_SEC);
-        let mut w = (Instant::now() - Duration::from_secs(2), MAX_ASKED_PER_SEC);
         assert!(
-            within(&mut w, Instant::now(), Duration::from_secs(1), MAX_ASKED_PER_SEC),
-            "a new second starts afresh"
+            w.admit(now + Duration::from_secs(61), Duration::from_secs(60), MAX_ASKED_PER_SEC),
+            "a new window starts afresh"
         );
-        assert_eq!(w.1, 1);
+        assert!(w.admit(now + Duration::from_secs(61), Duration::from_secs(60), 2), "the second of it");
+        assert!(!w.admit(now + Duration::from_secs(61), Duration::from_secs(60), 2), "the third is over");
     }
 }

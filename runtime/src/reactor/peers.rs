@@ -1,7 +1,7 @@
 //! The peers a reactor serves: their lanes and routes, adding them, and losing them (what
 //! they had queued or posted fails, their lanes close).
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -35,11 +35,11 @@ pub(super) struct Peer {
     /// The peer's control connection.
     pub(super) ctl: UnboundedSender<Ctl>,
     /// Questions about our memory this peer asked in the current second, and when it began.
-    pub(super) checks: (Instant, u32),
+    pub(super) checks: Window,
     /// Its questions we answered with a refusal in the current minute, and when it began.
-    pub(super) refused: (Instant, u32),
+    pub(super) refused: Window,
     /// Questions we asked it in the current second, and when it began.
-    pub(super) asked: (Instant, u32),
+    pub(super) asked: Window,
 }
 
 /// The reactor's peers, by slot.
@@ -100,6 +100,30 @@ pub(super) struct Route {
     pub peer_rail: usize,
 }
 
+/// A count of events in a window of time, for rationing what a peer may ask or be asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Window {
+    start: Instant,
+    count: u32,
+}
+
+impl Window {
+    /// An empty window starting `now`.
+    pub(super) fn new(now: Instant) -> Window {
+        Window { start: now, count: 0 }
+    }
+
+    /// Count one more event at `now` in a window of length `span`, starting a new window when
+    /// the current one is over; false when the count goes above `max`.
+    pub(super) fn admit(&mut self, now: Instant, span: Duration, max: u32) -> bool {
+        if now.duration_since(self.start) >= span {
+            *self = Window::new(now);
+        }
+        self.count = self.count.saturating_add(1);
+        self.count <= max
+    }
+}
+
 /// Where a peer is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PeerState {
@@ -143,9 +167,9 @@ impl Peer {
             state: PeerState::Live { asleep: false, announced: false },
             inflight: 0,
             ctl,
-            checks: (now, 0),
-            refused: (now, 0),
-            asked: (now, 0),
+            checks: Window::new(now),
+            refused: Window::new(now),
+            asked: Window::new(now),
         }
     }
 

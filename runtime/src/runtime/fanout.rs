@@ -36,9 +36,16 @@ pub(crate) fn shares(len: usize, weights: &[usize]) -> Vec<(usize, usize)> {
     out
 }
 
-/// One group's share of an op: the group, the index of its first batch piece, its layout
-/// (a batch), or its byte range (a plain op).
-type Share = (usize, usize, Option<Arc<crate::base::batch::Layout>>, (usize, usize));
+/// One group's share of an op.
+struct Share {
+    group: usize,
+    /// The index of its first batch piece in the whole batch (0 for a plain op).
+    first_piece: usize,
+    /// Its pieces, for a batch.
+    batch: Option<Arc<crate::base::batch::Layout>>,
+    /// Its byte range `(offset, len)`, for a plain op.
+    range: (usize, usize),
+}
 
 /// Cut `req` into one part per group with a share of it (see [`shares`]): `slots` are the
 /// peer's slots in each group, `weights` the groups' rails reaching it. Returns each part
@@ -51,27 +58,32 @@ pub(crate) fn split(req: OpReq, slots: &[Option<PeerSlot>], weights: &[usize]) -
             let lens: Vec<usize> = bytes.iter().map(|&(_, n)| n).collect();
             for (g, part) in layout.split(&lens).into_iter().enumerate() {
                 if let Some((first, l)) = part {
-                    plan.push((g, first, Some(Arc::new(l)), (0, 0)));
+                    plan.push(Share {
+                        group: g,
+                        first_piece: first,
+                        batch: Some(Arc::new(l)),
+                        range: (0, 0),
+                    });
                 }
             }
         }
         None => {
             for (g, &(off, n)) in bytes.iter().enumerate() {
                 if n > 0 {
-                    plan.push((g, 0, None, (off, n)));
+                    plan.push(Share { group: g, first_piece: 0, batch: None, range: (off, n) });
                 }
             }
         }
     }
     if plan.len() < 2 {
-        let g = plan.first().map_or(0, |p| p.0);
+        let g = plan.first().map_or(0, |p| p.group);
         return vec![(g, OpReq { peer: slots[g].unwrap_or(req.peer), ..req })];
     }
-    let firsts: Vec<usize> = plan.iter().map(|p| p.1).collect();
+    let firsts: Vec<usize> = plan.iter().map(|p| p.first_piece).collect();
     let cells = OpCell::fan_out(&req.cell, &firsts);
     plan.into_iter()
         .zip(cells)
-        .map(|((g, _, batch, (off, n)), cell)| {
+        .map(|(Share { group: g, batch, range: (off, n), .. }, cell)| {
             let (seg, kind) = match batch {
                 Some(_) => (req.seg, req.kind),
                 None => (
