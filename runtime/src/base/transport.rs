@@ -354,21 +354,22 @@ pub struct TransportConfig {
     pub poll_spacing: Option<Duration>,
 }
 
-/// `RDMALANE_POLL_SPACING_NS` (see [`TransportConfig::poll_spacing`]): read by the runtime's
-/// builder and by backends opened without one (the raw benchmark engine).
+/// `RDMALANE_POLL_SPACING_NS` (see [`TransportConfig::poll_spacing`]), for a backend opened
+/// without a runtime (the raw benchmark engine), parsed as the builder parses it. A value that
+/// does not parse is logged and ignored (the builder refuses it).
 pub fn poll_spacing_env() -> Option<Duration> {
-    let v = std::env::var("RDMALANE_POLL_SPACING_NS").ok()?;
-    match v.trim().parse() {
-        Ok(ns) => Some(Duration::from_nanos(ns)),
-        Err(_) => {
-            tracing::warn!(value = %v, "RDMALANE_POLL_SPACING_NS is a count of nanoseconds; ignored");
-            None
-        }
-    }
+    from_env("RDMALANE_POLL_SPACING_NS", crate::base::vars::poll_spacing).flatten()
 }
 
-/// `RDMALANE_TRUST_LOCAL_PEERS=1` (see [`TransportConfig::trust_local_peers`]): read by the
-/// runtime's builder and by backends opened without one (the raw benchmark engine).
+/// `RDMALANE_TRUST_LOCAL_PEERS` (see [`TransportConfig::trust_local_peers`]), for a backend
+/// opened without a runtime (the raw benchmark engine), parsed as the builder parses it. A
+/// value that does not parse is logged and counts as no trust (the builder refuses it).
 pub fn trust_local_peers_env() -> bool {
-    std::env::var("RDMALANE_TRUST_LOCAL_PEERS").is_ok_and(|v| v == "1")
+    from_env("RDMALANE_TRUST_LOCAL_PEERS", crate::base::vars::trust_local_peers).flatten().unwrap_or(false)
+}
+
+/// Variable `name` through `parse`; `None` (logged) where it does not parse.
+fn from_env<T>(name: &str, parse: fn(Option<String>) -> crate::base::error::Result<T>) -> Option<T> {
+    let v = std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    parse(v).map_err(|e| tracing::warn!(error = %e, "{name} ignored")).ok()
 }

@@ -82,6 +82,13 @@ impl Rig {
     }
 
     fn submit_at(&mut self, op: OpKind, kind: WrKind, offset: usize, len: usize) -> Arc<OpCell> {
+        let (req, cell) = self.req(op, kind, offset, len);
+        self.r.submit_now(req);
+        cell
+    }
+
+    /// An op over `len` bytes at `offset` of the rig's memory, and its cell.
+    fn req(&mut self, op: OpKind, kind: WrKind, offset: usize, len: usize) -> (OpReq, Arc<OpCell>) {
         let cell = OpCell::new();
         let ptr = self.mem[offset..].as_mut_ptr();
         let req = OpReq {
@@ -97,8 +104,7 @@ impl Rig {
             rail_keys: None,
             slots: None,
         };
-        self.r.submit_now(req);
-        cell
+        (req, cell)
     }
 
     fn write(&mut self, len: usize) -> Arc<OpCell> {
@@ -305,21 +311,7 @@ fn shutdown_fails_what_is_queued_at_once_and_what_is_posted_at_its_deadline() {
     let bulk = g.write(64 << 10);
     g.turns(1);
     // An op still in the submission queue.
-    let queued = OpCell::new();
-    let seg = LocalSeg { ptr: g.mem.as_mut_ptr(), len: 16, desc: 1 };
-    let req = OpReq {
-        peer: g.slot,
-        peer_id: 7,
-        op: OpKind::Send,
-        kind: WrKind::Send { imm: None },
-        seg,
-        cell: queued.clone(),
-        tenant: 0,
-        class: None,
-        batch: None,
-        rail_keys: None,
-        slots: None,
-    };
+    let (req, queued) = g.req(OpKind::Send, WrKind::Send { imm: None }, 0, 16);
     g.tx.send(Cmd::Op(req)).expect("the reactor's queue");
     let start = g.now;
     g.r.begin_shutdown(start + Duration::from_secs(2));

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::base::error::Result;
 use crate::base::sched::SchedConfig;
-use crate::base::vars::{invalid, parse};
+use crate::base::vars::{self, invalid, parse};
 use crate::base::MAX_RAILS;
 
 /// What the application set on the builder, each `None` where it set nothing.
@@ -98,15 +98,8 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
     let peer_timeout_env =
         parse::<u64>("RDMALANE_PEER_TIMEOUT_MS", var("RDMALANE_PEER_TIMEOUT_MS"), "milliseconds")?
             .map(Duration::from_millis);
-    let poll_spacing_env =
-        parse::<u64>("RDMALANE_POLL_SPACING_NS", var("RDMALANE_POLL_SPACING_NS"), "nanoseconds")?
-            .map(Duration::from_nanos);
-    let trust_env = match var("RDMALANE_TRUST_LOCAL_PEERS").as_deref().map(str::trim) {
-        None => None,
-        Some("1" | "true" | "yes") => Some(true),
-        Some("0" | "false" | "no") => Some(false),
-        Some(v) => return Err(invalid(format!("RDMALANE_TRUST_LOCAL_PEERS={v}: want 1 or 0"))),
-    };
+    let poll_spacing_env = vars::poll_spacing(var("RDMALANE_POLL_SPACING_NS"))?;
+    let trust_env = vars::trust_local_peers(var("RDMALANE_TRUST_LOCAL_PEERS"))?;
     let sched = match &s.sched {
         Some(c) => c.clone(),
         None => SchedConfig::from_vars(&var)?,
