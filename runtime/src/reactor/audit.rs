@@ -16,16 +16,20 @@
 //! unanswered) and `MAX_REFUSED` refusals a minute (more, and it is dropped), so it can neither
 //! probe for keys nor fill our outbox. We ask at most half that ration, and give up on a
 //! question after the reactor's patience.
-use crate::reactor::cmd::PeerSlot;
+//!
+//! [`Audit`] is a machine of its own: it keeps what this runtime exposed, the questions out and
+//! each peer's rations, and answers every input with [`Action`]s for the reactor to carry out.
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{cell_key, Reactor};
+use super::action::{Action, Outbox};
+use super::cell_key;
+use super::cmd::PeerSlot;
+use super::peers::Window;
 use crate::base::control::{Ctl, Verdict};
-use crate::base::error::{Error, FailureClass, OpKind};
-use crate::base::transport::WrId;
-use crate::base::transport::{Access, MemoryRegion, WrKind};
+use crate::base::error::{Error, FailureClass, OpKind, TransportError};
+use crate::base::transport::{Access, MemoryRegion, WrId, WrKind};
 use crate::reactor::cell::{Done, OpCell};
 
 /// A region peers may reach.
@@ -50,8 +54,35 @@ struct Asking {
     asked: Instant,
 }
 
+/// What one peer may ask of us, and we of it.
+struct Rations {
+    /// Questions about our memory it asked in the current second.
+    checks: Window,
+    /// Its questions we answered with a refusal in the current minute.
+    refused: Window,
+    /// Questions we asked it in the current second.
+    asked: Window,
+}
+
+impl Rations {
+    fn new(now: Instant) -> Rations {
+        Rations { checks: Window::new(now), refused: Window::new(now), asked: Window::new(now) }
+    }
+}
+
+/// A cancelled one-sided request to ask its target about.
+pub(super) struct Question<'a> {
+    pub id: WrId,
+    pub slot: PeerSlot,
+    pub op: OpKind,
+    /// Where the request went.
+    pub kind: WrKind,
+    pub len: usize,
+    pub cell: &'a Arc<OpCell>,
+}
+
 /// How long a one-sided op may stay silent before its target is asked about it.
-const SILENT_AFTER: Duration = Duration::from_secs(1);
+pub(super) const SILENT_AFTER: Duration = Duration::from_secs(1);
 
 /// Questions a peer may ask per second.
 const MAX_CHECKS_PER_SEC: u32 = 1024;
@@ -64,13 +95,14 @@ const MAX_REFUSED: u32 = 64;
 /// windows and ours do not line up. Ops beyond it keep the provider's own error.
 const MAX_ASKED_PER_SEC: u32 = MAX_CHECKS_PER_SEC / 2;
 
-/// The longest nap of an idle reactor whose memory peers reach through the target's checks:
-/// its progress is what serves their one-sided ops. It delays only the first op after a quiet
-/// spell: one served keeps the reactor polling (`Reactor::peers_served`).
-const SERVING_NAP: Duration = Duration::from_millis(2);
-
-#[derive(Default)]
+/// The audit: what this runtime exposed, and the questions out about ours.
 pub(super) struct Audit {
+    /// Named in the errors the audit makes itself.
+    provider: String,
+    /// This reactor's rail group, and how many the runtime has: question tokens carry the
+    /// group, and each group asks its share of a peer's ration.
+    group: u32,
+    groups: u32,
     next_token: u32,
     /// When in-flight ops were last looked at, and the first request generation posted since.
     swept: Option<(Instant, u64)>,
@@ -83,12 +115,35 @@ pub(super) struct Audit {
     asking: HashMap<usize, Asking>,
     /// Tokens of the questions out, to the cell's address.
     by_token: HashMap<u32, usize>,
+    /// Each peer's rations, from its first question either way.
+    rations: HashMap<PeerSlot, Rations>,
 }
 
 impl Audit {
+    /// An audit for rail group `group` of `groups`, whose errors name `provider`.
+    pub(super) fn new(provider: String, group: u32, groups: u32) -> Audit {
+        Audit {
+            provider,
+            group,
+            groups: groups.max(1),
+            next_token: 0,
+            swept: None,
+            exposed: HashMap::new(),
+            keys_of: HashMap::new(),
+            asking: HashMap::new(),
+            by_token: HashMap::new(),
+            rations: HashMap::new(),
+        }
+    }
+
     /// No question out: the op path needs no look-ups.
     pub(super) fn idle(&self) -> bool {
         self.asking.is_empty()
+    }
+
+    /// Regions are exposed: peers' one-sided ops may need our progress to be served.
+    pub(super) fn exposes(&self) -> bool {
+        !self.exposed.is_empty()
     }
 
     /// A registration peers may reach, as they will name it.
@@ -141,21 +196,15 @@ impl Audit {
         };
         under.iter().map(|(_, e)| judge(e)).min_by_key(|&v| rank(v)).unwrap_or(Verdict::UnknownKey)
     }
-}
 
-impl Reactor {
-    /// A one-sided op's work request came back cancelled: ask its target whether it was
-    /// allowed (once per op).
-    pub(super) fn question(
-        &mut self,
-        id: WrId,
-        slot: PeerSlot,
-        op: OpKind,
-        kind: WrKind,
-        len: usize,
-        cell: &Arc<OpCell>,
-    ) {
-        let (key, addr, write) = match (op, kind) {
+    fn rations(&mut self, slot: PeerSlot, now: Instant) -> &mut Rations {
+        self.rations.entry(slot).or_insert_with(|| Rations::new(now))
+    }
+
+    /// A one-sided request came back cancelled: ask its (live) target whether it was allowed,
+    /// once per op and within our share of the peer's ration.
+    pub(super) fn ask(&mut self, q: Question<'_>, now: Instant, out: &mut Outbox) {
+        let (key, addr, write) = match (q.op, q.kind) {
             (OpKind::Write | OpKind::WriteImm, WrKind::Write { remote_addr, key, .. }) => {
                 (key, remote_addr, true)
             }
@@ -163,35 +212,40 @@ impl Reactor {
             (OpKind::Read | OpKind::Recv, WrKind::Read { remote_addr, key }) => (key, remote_addr, false),
             _ => return,
         };
-        let k = cell_key(cell);
-        if self.audit.asking.contains_key(&k) {
+        let k = cell_key(q.cell);
+        if self.asking.contains_key(&k) {
             return;
         }
-        let Some(p) = self.peers.get_mut(slot).filter(|p| p.lost().is_none()) else {
-            return;
-        };
         // The peer answers all our rail groups' questions together: each asks its share.
-        let ours = MAX_ASKED_PER_SEC / self.groups.max(1);
-        if !p.asked.admit(self.now, Duration::from_secs(1), ours) {
+        let ours = MAX_ASKED_PER_SEC / self.groups;
+        if !self.rations(q.slot, now).asked.admit(now, Duration::from_secs(1), ours) {
             return;
         }
-        self.audit.next_token = self.audit.next_token.wrapping_add(1) & ((1 << super::TOKEN_GROUP_SHIFT) - 1);
-        let token = (self.group << super::TOKEN_GROUP_SHIFT) | self.audit.next_token;
-        self.tell(slot, Ctl::Check { token, key, addr, len: len as u64, write });
-        self.audit.by_token.insert(token, k);
-        let asking =
-            Asking { slot, token, id, cell: cell.clone(), verdict: None, parked: None, asked: self.now };
-        self.audit.asking.insert(k, asking);
+        self.next_token = self.next_token.wrapping_add(1) & ((1 << super::TOKEN_GROUP_SHIFT) - 1);
+        let token = (self.group << super::TOKEN_GROUP_SHIFT) | self.next_token;
+        out.push(Action::Tell(q.slot, Ctl::Check { token, key, addr, len: q.len as u64, write }));
+        self.by_token.insert(token, k);
+        let asking = Asking {
+            slot: q.slot,
+            token,
+            id: q.id,
+            cell: q.cell.clone(),
+            verdict: None,
+            parked: None,
+            asked: now,
+        };
+        self.asking.insert(k, asking);
     }
 
-    /// The op's result, unless it waits for a verdict (then `None`).
+    /// The op's result, unless it waits for a verdict (then `None`: the verdict's arrival, or
+    /// giving up on it, settles the op).
     pub(super) fn audited(
         &mut self,
         cell: &Arc<OpCell>,
         res: Result<Done, Error>,
     ) -> Option<Result<Done, Error>> {
         let k = cell_key(cell);
-        let Some(a) = self.audit.asking.get_mut(&k) else {
+        let Some(a) = self.asking.get_mut(&k) else {
             return Some(res);
         };
         match (res, a.verdict) {
@@ -210,10 +264,15 @@ impl Reactor {
         }
     }
 
-    fn forget(&mut self, k: usize) {
-        if let Some(a) = self.audit.asking.remove(&k) {
-            self.audit.by_token.remove(&a.token);
-        }
+    fn forget(&mut self, k: usize) -> Option<Asking> {
+        let a = self.asking.remove(&k)?;
+        self.by_token.remove(&a.token);
+        Some(a)
+    }
+
+    /// A failure the audit reports itself, in the provider's name (no errno).
+    fn local_error(&self, class: FailureClass, text: impl Into<String>) -> TransportError {
+        TransportError { provider: self.provider.clone(), errno: 0, text: text.into(), class }
     }
 
     /// The op's failure in the light of the target's verdict.
@@ -227,7 +286,7 @@ impl Reactor {
                 source.class = FailureClass::RemoteAccess;
                 Error::RemoteAccess { op, peer, source }
             }
-            // Lost because of the refusal (`fail_silent`), or right after it.
+            // Lost because of the refusal (`FailSilent`), or right after it.
             Error::PeerLost { op, peer, .. } => {
                 let source = self.local_error(
                     FailureClass::RemoteAccess,
@@ -242,164 +301,123 @@ impl Reactor {
         }
     }
 
-    /// A bound on the idle reactor's naps: where one-sided ops are checked (and so served) by
-    /// the target's progress, while this runtime exposes memory (regions, or a large message a
-    /// peer is reading), peers' ops must not wait out a long nap.
-    pub(crate) fn longest_nap(&self) -> Option<Duration> {
-        (self.silent_refusals && (!self.audit.exposed.is_empty() || self.rendezvous_open()))
-            .then_some(SERVING_NAP)
-    }
-
-    /// On a transport whose refusals are silent: ask about the one-sided ops that were in flight
-    /// at the previous look already (at least `SILENT_AFTER` ago).
-    pub(super) fn sweep_silent(&mut self) {
-        let now = self.now;
-        let since = match self.audit.swept {
-            Some((at, _)) if now.duration_since(at) < SILENT_AFTER => return,
+    /// Time to look for silently refused ops (on a transport whose refusals are silent)? Then
+    /// the generation below which in-flight requests were already in flight at the last look,
+    /// at least `SILENT_AFTER` ago. `generation`: the newest request's.
+    pub(super) fn sweep_due(&mut self, now: Instant, generation: u64) -> Option<u64> {
+        let since = match self.swept {
+            Some((at, _)) if now.duration_since(at) < SILENT_AFTER => return None,
             Some((_, generation)) => generation,
             None => 0,
         };
-        self.audit.swept = Some((now, self.generation + 1));
-        let silent: Vec<_> = self
-            .inflight
-            .iter()
-            .filter(|(_, f)| {
-                f.id.generation() < since && matches!(f.kind, WrKind::Write { .. } | WrKind::Read { .. })
-            })
-            .map(|(_, f)| (f.id, f.peer, f.op, f.kind, f.len(), f.cell.clone()))
-            .collect();
-        for (id, slot, op, kind, len, cell) in silent {
-            self.question(id, slot, op, kind, len, &cell);
+        self.swept = Some((now, generation + 1));
+        Some(since)
+    }
+
+    /// A peer asks about an op of its own on our memory.
+    pub(super) fn on_check(&mut self, slot: PeerSlot, check: Ctl, now: Instant, out: &mut Outbox) {
+        let Ctl::Check { token, key, addr, len, write } = check else {
+            return;
+        };
+        let verdict = self.judge(key, addr, len, write);
+        let r = self.rations(slot, now);
+        // Over the ration, a question goes unanswered (the asker's op keeps its own error once
+        // it gives up): a burst of honest questions, all the ops a dropped connection
+        // cancelled, costs nothing more. Refusals are what probing for keys looks like: too
+        // many, and the peer is dropped.
+        if !r.checks.admit(now, Duration::from_secs(1), MAX_CHECKS_PER_SEC) {
+            return;
+        }
+        if verdict.refusal().is_some() && !r.refused.admit(now, Duration::from_secs(60), MAX_REFUSED) {
+            let why =
+                format!("it was refused more than {MAX_REFUSED} times a minute asking about our memory");
+            out.push(Action::DropPeer(slot, why));
+            return;
+        }
+        out.push(Action::Tell(slot, Ctl::Verdict { token, verdict }));
+    }
+
+    /// A peer answers about an op of ours. `silent_refusals`: the transport drops refused ops
+    /// without completing them (the op may be in flight still).
+    pub(super) fn on_verdict(
+        &mut self,
+        slot: PeerSlot,
+        token: u32,
+        verdict: Verdict,
+        silent_refusals: bool,
+        out: &mut Outbox,
+    ) {
+        let Some(&k) = self.by_token.get(&token) else {
+            return;
+        };
+        let a = self.asking.get_mut(&k).expect("indexed");
+        if a.slot != slot {
+            return;
+        }
+        match a.parked.take() {
+            Some(e) => {
+                let a = self.forget(k).expect("asking");
+                out.push(Action::Settle(a.cell, Err(self.judged(e, verdict))));
+            }
+            None if silent_refusals => match verdict.refusal() {
+                Some(why) => {
+                    a.verdict = Some(verdict);
+                    out.push(Action::FailSilent { slot, id: a.id, why });
+                }
+                // Allowed, and still silent: forget the question, so that a later sweep asks
+                // again (another of its requests may be the refused one).
+                None => {
+                    self.forget(k);
+                }
+            },
+            None => a.verdict = Some(verdict),
         }
     }
 
-    /// The target refused an op the provider will never complete. Its requests may still be
-    /// queued in the provider, so only closing the peer's lanes makes sure nothing touches
-    /// their memory: the peer is lost, and the refused op fails as `RemoteAccess`.
-    fn fail_silent(&mut self, slot: PeerSlot, id: WrId, why: &str) {
-        // The refused request's own failure first, so a batch names its piece (the peer's loss
-        // would otherwise be the op's first error).
-        let f = self.inflight.get(id.slot()).filter(|f| f.id == id);
-        if let Some(c) = f.and_then(|f| f.chunk) {
-            let e = Error::Transport {
-                op: f.map_or(OpKind::Write, |f| f.op),
-                peer: self.peers.get(slot).map_or_else(|| "-".into(), |p| p.label.clone()),
-                source: self
-                    .local_error(FailureClass::Cancelled, "dropped by the provider without a completion"),
-            };
-            if let Some(h) = self.held[c.op.0].as_mut() {
-                super::note_chunk_error(h, c.offset, e);
-            }
-        }
-        self.drop_peer(slot, format!("it refused a one-sided op of ours ({why})"));
-    }
-
-    /// A peer asks about an op of its own on our memory, or answers about one of ours.
-    pub(super) fn on_audit(&mut self, slot: PeerSlot, msg: Ctl) {
-        match msg {
-            Ctl::Check { token, key, addr, len, write } => {
-                let now = self.now;
-                let Some(p) = self.peers.get_mut(slot) else {
-                    return;
-                };
-                let verdict = self.audit.judge(key, addr, len, write);
-                // Over the ration, a question goes unanswered (the asker's op keeps its own
-                // error once it gives up): a burst of honest questions, all the ops a dropped
-                // connection cancelled, costs nothing more. Refusals are what probing for keys
-                // looks like: too many, and the peer is dropped.
-                if !p.checks.admit(now, Duration::from_secs(1), MAX_CHECKS_PER_SEC) {
-                    return;
-                }
-                if verdict.refusal().is_some() && !p.refused.admit(now, Duration::from_secs(60), MAX_REFUSED)
-                {
-                    let why = format!(
-                        "it was refused more than {MAX_REFUSED} times a minute asking about our memory"
-                    );
-                    self.drop_peer(slot, why);
-                    return;
-                }
-                self.tell(slot, Ctl::Verdict { token, verdict });
-            }
-            Ctl::Verdict { token, verdict } => {
-                let Some(&k) = self.audit.by_token.get(&token) else {
-                    return;
-                };
-                let a = self.audit.asking.get_mut(&k).expect("indexed");
-                if a.slot != slot {
-                    return;
-                }
-                match a.parked.take() {
-                    Some(e) => {
-                        let cell = a.cell.clone();
-                        self.forget(k);
-                        let e = self.judged(e, verdict);
-                        self.settle_audited(&cell, Err(e));
-                    }
-                    None if self.silent_refusals => match verdict.refusal() {
-                        Some(why) => {
-                            a.verdict = Some(verdict);
-                            let id = a.id;
-                            self.fail_silent(slot, id, why);
-                        }
-                        // Allowed, and still silent: forget the question, so that a later
-                        // sweep asks again (another of its requests may be the refused one).
-                        None => self.forget(k),
-                    },
-                    None => a.verdict = Some(verdict),
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Questions out longer than the reactor's patience get no answer any more. A live runtime
-    /// answers in well under a millisecond and a dead one is noticed by its heartbeats, so
-    /// this bounds the wait on a peer that beats but does not answer (or is over its ration):
-    /// an op waiting on one fails with its own error, and an op still in flight may be asked
-    /// about again.
-    pub(super) fn expire_questions(&mut self) {
-        let now = self.now;
+    /// Questions out longer than `patience` get no answer any more. A live runtime answers in
+    /// well under a millisecond and a dead one is noticed by its heartbeats, so this bounds the
+    /// wait on a peer that beats but does not answer (or is over its ration): an op waiting on
+    /// one fails with its own error, and an op still in flight may be asked about again.
+    pub(super) fn expire(&mut self, now: Instant, patience: Duration, out: &mut Outbox) {
         let late: Vec<usize> = self
-            .audit
             .asking
             .iter()
-            .filter(|(_, a)| a.verdict.is_none() && now.duration_since(a.asked) >= self.patience)
+            .filter(|(_, a)| a.verdict.is_none() && now.duration_since(a.asked) >= patience)
             .map(|(k, _)| *k)
             .collect();
         for k in late {
-            let a = self.audit.asking.get_mut(&k).expect("listed");
-            let parked = a.parked.take();
-            let cell = a.cell.clone();
-            self.forget(k);
-            if let Some(e) = parked {
-                let note = format!("the peer did not say why within {} s", self.patience.as_secs());
-                self.settle_audited(&cell, Err(unexplained(e, &note)));
+            let mut a = self.forget(k).expect("listed");
+            if let Some(e) = a.parked.take() {
+                let note = format!("the peer did not say why within {} s", patience.as_secs());
+                out.push(Action::Settle(a.cell, Err(unexplained(e, &note))));
             }
         }
     }
 
     /// No verdict will come from `slot`: what waits for one fails as the peer's loss (`lost`:
-    /// how it was noticed) or, at shutdown, with the provider's error.
-    pub(super) fn audit_lost(&mut self, slot: PeerSlot, lost: Option<&str>) {
-        let ks: Vec<usize> =
-            self.audit.asking.iter().filter(|(_, a)| a.slot == slot).map(|(k, _)| *k).collect();
+    /// the peer's label and how it was noticed) or, at shutdown, with the provider's error.
+    pub(super) fn lost(&mut self, slot: PeerSlot, lost: Option<(&Arc<str>, &str)>, out: &mut Outbox) {
+        self.rations.remove(&slot);
+        let ks: Vec<usize> = self.asking.iter().filter(|(_, a)| a.slot == slot).map(|(k, _)| *k).collect();
         for k in ks {
-            let a = self.audit.asking.get_mut(&k).expect("listed");
+            let a = self.asking.get_mut(&k).expect("listed");
             match a.parked.take() {
                 Some(e) => {
-                    let cell = a.cell.clone();
-                    self.forget(k);
-                    let e = match (lost, self.peers.get(slot)) {
-                        (Some(reason), Some(p)) => Error::PeerLost {
+                    let a = self.forget(k).expect("listed");
+                    let e = match lost {
+                        Some((peer, reason)) => Error::PeerLost {
                             op: e.op(),
-                            peer: p.label.clone(),
+                            peer: peer.clone(),
                             reason: format!("{reason}; {e}").into(),
                         },
-                        _ => e,
+                        None => e,
                     };
-                    self.settle_audited(&cell, Err(e));
+                    out.push(Action::Settle(a.cell, Err(e)));
                 }
-                None => a.verdict = Some(Verdict::Allowed),
+                // Still in flight: a verdict already in stands; else its failure stays its own.
+                None => {
+                    a.verdict.get_or_insert(Verdict::Allowed);
+                }
             }
         }
     }
@@ -422,23 +440,22 @@ fn unexplained(e: Error, note: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reactor::peers::Window;
-    use crate::reactor::testing::{cancelled, reactor};
+    use crate::reactor::testing::cancelled;
 
-    /// Ask about `cell` as if at `asked`, with the op over (`parked`) or still in flight.
-    fn ask(r: &mut Reactor, cell: &Arc<OpCell>, token: u32, asked: Instant, parked: Option<Error>) {
-        let k = cell_key(cell);
-        r.audit.by_token.insert(token, k);
-        let a = Asking {
-            slot: PeerSlot(0),
-            token,
-            id: WrId::new(1, 1),
-            cell: cell.clone(),
-            verdict: None,
-            parked,
-            asked,
-        };
-        r.audit.asking.insert(k, a);
+    fn audit() -> Audit {
+        Audit::new("nothing".into(), 0, 1)
+    }
+
+    /// Ask about `cell`'s cancelled write at `now`; the token told.
+    fn ask(a: &mut Audit, cell: &Arc<OpCell>, now: Instant) -> u32 {
+        let mut out = Outbox::new();
+        let kind = WrKind::Write { remote_addr: 0x1000, key: 9, imm: None };
+        let q = Question { id: WrId::new(1, 1), slot: PeerSlot(0), op: OpKind::Write, kind, len: 64, cell };
+        a.ask(q, now, &mut out);
+        match out.as_slice() {
+            [Action::Tell(PeerSlot(0), Ctl::Check { token, key: 9, write: true, .. })] => *token,
+            _ => panic!("one question should be told"),
+        }
     }
 
     #[test]
@@ -446,7 +463,7 @@ mod tests {
         // Two rail groups' transports may hand out the same key for different regions.
         let mr =
             |id, key, base| MemoryRegion { id, desc: 0, key, rail_keys: vec![100 + id], remote_base: base };
-        let mut a = Audit::default();
+        let mut a = audit();
         a.exposed(&mr(1, 7, 0x1000), 0x100, Access::READ);
         a.exposed(&mr(2, 7, 0x9000), 0x100, Access::WRITE);
         assert_eq!(a.judge(7, 0x1000, 8, false), Verdict::Allowed);
@@ -466,28 +483,96 @@ mod tests {
 
     #[test]
     fn a_question_nobody_answers_fails_its_op_with_its_own_error_in_time() {
-        let mut r = reactor();
-        let old = Instant::now() - r.patience - Duration::from_millis(1);
+        let mut a = audit();
+        let patience = Duration::from_secs(10);
+        let t0 = Instant::now();
         let (late, fresh, flying) = (OpCell::new(), OpCell::new(), OpCell::new());
-        ask(&mut r, &late, 1, old, Some(cancelled()));
-        ask(&mut r, &fresh, 2, Instant::now(), Some(cancelled()));
-        ask(&mut r, &flying, 3, old, None);
+        ask(&mut a, &late, t0);
+        ask(&mut a, &flying, t0);
+        ask(&mut a, &fresh, t0 + patience);
+        assert!(a.audited(&late, Err(cancelled())).is_none(), "the failure waits for the verdict");
+        assert!(a.audited(&fresh, Err(cancelled())).is_none());
 
-        r.expire_questions();
+        let mut out = Outbox::new();
+        a.expire(t0 + patience + Duration::from_millis(1), patience, &mut out);
 
-        match late.outcome() {
-            Some(Err(Error::Transport { source, .. })) => {
+        match out.as_slice() {
+            [Action::Settle(cell, Err(Error::Transport { source, .. }))] => {
+                assert!(Arc::ptr_eq(cell, &late));
                 assert_eq!(source.class, FailureClass::Cancelled);
                 assert!(source.text.contains("did not say why"), "{}", source.text);
             }
-            other => panic!("the unanswered op should fail as cancelled, got {other:?}"),
+            _ => panic!("only the unanswered parked op should be settled, as cancelled"),
         }
-        assert!(fresh.outcome().is_none(), "an op asked about just now still waits");
         // The op in flight is no longer asked about: its failure, when it comes, is its own.
-        assert!(flying.outcome().is_none());
-        assert!(r.audited(&flying, Err(cancelled())).is_some_and(|res| res.is_err()));
-        assert_eq!(r.audit.asking.len(), 1);
-        assert_eq!(r.audit.by_token.len(), 1);
+        assert!(a.audited(&flying, Err(cancelled())).is_some_and(|res| res.is_err()));
+        assert_eq!((a.asking.len(), a.by_token.len()), (1, 1), "the fresh question stays");
+    }
+
+    #[test]
+    fn a_verdict_turns_a_parked_failure_into_a_refusal_and_a_late_one_is_kept_for_the_failure() {
+        let mut a = audit();
+        let now = Instant::now();
+        let (parked, flying) = (OpCell::new(), OpCell::new());
+        let t1 = ask(&mut a, &parked, now);
+        let t2 = ask(&mut a, &flying, now);
+        assert!(a.audited(&parked, Err(cancelled())).is_none());
+        let mut out = Outbox::new();
+        a.on_verdict(PeerSlot(1), t1, Verdict::NotPermitted, false, &mut out);
+        assert!(out.is_empty(), "another peer's answer is ignored");
+        a.on_verdict(PeerSlot(0), t1, Verdict::NotPermitted, false, &mut out);
+        assert!(matches!(out.as_slice(), [Action::Settle(_, Err(Error::RemoteAccess { .. }))]));
+        // The verdict comes first, the failure after: judged at once.
+        out.clear();
+        a.on_verdict(PeerSlot(0), t2, Verdict::OutOfRange, false, &mut out);
+        assert!(out.is_empty());
+        assert!(matches!(a.audited(&flying, Err(cancelled())), Some(Err(Error::RemoteAccess { .. }))));
+        assert!(a.idle());
+    }
+
+    #[test]
+    fn on_a_silent_transport_a_refusal_fails_the_request_and_an_allowance_is_asked_again() {
+        let mut a = audit();
+        let now = Instant::now();
+        let (refused, allowed) = (OpCell::new(), OpCell::new());
+        let t1 = ask(&mut a, &refused, now);
+        let t2 = ask(&mut a, &allowed, now);
+        let mut out = Outbox::new();
+        a.on_verdict(PeerSlot(0), t1, Verdict::UnknownKey, true, &mut out);
+        assert!(matches!(out.as_slice(), [Action::FailSilent { slot: PeerSlot(0), .. }]));
+        out.clear();
+        a.on_verdict(PeerSlot(0), t2, Verdict::Allowed, true, &mut out);
+        assert!(out.is_empty() && a.asking.len() == 1, "the allowed op is forgotten, to be asked again");
+        // The peer is lost: the refused op's failure, when it comes, is judged by the verdict.
+        a.lost(PeerSlot(0), Some((&Arc::from("peer"), "gone")), &mut out);
+        assert!(matches!(a.audited(&refused, Err(cancelled())), Some(Err(Error::RemoteAccess { .. }))));
+    }
+
+    #[test]
+    fn a_prober_is_dropped_and_a_flood_of_questions_goes_unanswered() {
+        let mut a = audit();
+        let now = Instant::now();
+        let check = Ctl::Check { token: 1, key: 404, addr: 0, len: 8, write: true };
+        let mut out = Outbox::new();
+        for _ in 0..MAX_REFUSED {
+            a.on_check(PeerSlot(3), check.clone(), now, &mut out);
+        }
+        assert_eq!(out.len(), MAX_REFUSED as usize);
+        assert!(out
+            .iter()
+            .all(|x| matches!(x, Action::Tell(_, Ctl::Verdict { verdict: Verdict::UnknownKey, .. }))));
+        out.clear();
+        a.on_check(PeerSlot(3), check.clone(), now, &mut out);
+        assert!(matches!(out.as_slice(), [Action::DropPeer(PeerSlot(3), why)] if why.contains("refused")));
+        // Another peer's ration is its own; past it, questions go unanswered.
+        out.clear();
+        let mr = MemoryRegion { id: 1, desc: 0, key: 5, rail_keys: vec![], remote_base: 0 };
+        a.exposed(&mr, 64, Access::WRITE);
+        let fine = Ctl::Check { token: 2, key: 5, addr: 0, len: 8, write: true };
+        for _ in 0..MAX_CHECKS_PER_SEC + 10 {
+            a.on_check(PeerSlot(4), fine.clone(), now, &mut out);
+        }
+        assert_eq!(out.len(), MAX_CHECKS_PER_SEC as usize);
     }
 
     #[test]

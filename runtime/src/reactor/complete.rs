@@ -1,7 +1,10 @@
 //! Completion: reaping the provider's completion queue, matching each completion to its work
 //! request, and settling the ops it ends.
-use super::cell::Done;
-use super::{Held, Reactor, POLL_BATCH};
+use std::sync::Arc;
+
+use super::action::Outbox;
+use super::cell::{Done, OpCell};
+use super::{settle_cell, Held, Reactor, POLL_BATCH};
 use crate::base::error::OpKind;
 use crate::base::error::{Error, FailureClass, TransportError};
 use crate::base::sched::OpDone;
@@ -26,6 +29,29 @@ pub(super) fn note_chunk_error(h: &mut Held, offset: usize, e: Error) {
 }
 
 impl Reactor {
+    /// Finish an op with `res`: the one way an op's outcome leaves the reactor. While the
+    /// audit or the rendezvous have something in progress, they see it first: the audit may
+    /// hold a failure back until its target's verdict, and a rendezvous turns a marker's or a
+    /// pull's outcome into its send's or receive's.
+    pub(super) fn settle(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
+        if self.rndv.idle() && self.audit.idle() {
+            settle_cell(&self.counters, cell, res);
+            return;
+        }
+        if let Some(res) = self.audit.audited(cell, res) {
+            self.settle_past_audit(cell, res);
+        }
+    }
+
+    /// As [`settle`](Self::settle), for an op the audit is done with.
+    pub(super) fn settle_past_audit(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
+        let mut out = Outbox::new();
+        if let Some(res) = self.rndv.settled(cell, res, &mut out) {
+            settle_cell(&self.counters, cell, res);
+        }
+        self.apply(out);
+    }
+
     /// An op the scheduler resolved: complete its cell.
     pub(super) fn settle_held(&mut self, done: OpDone) {
         let Some(h) = self.held[done.op.0].take() else {
@@ -102,7 +128,7 @@ impl Reactor {
                     Some(h) if h.req.batch.is_none() => (h.req.kind, h.req.len()),
                     _ => (f.kind, f.len()),
                 };
-                self.question(f.id, f.peer, f.op, kind, len, &f.cell);
+                self.question(&f, kind, len);
             }
         }
         match f.chunk {
@@ -133,7 +159,7 @@ impl Reactor {
                     // Application sends carry no immediate data: this is a rendezvous marker.
                     None if f.op == OpKind::Recv && imm.is_some() => {
                         let token = imm.unwrap_or_default() as u32;
-                        self.marker_arrived(f.peer, token, f.cell, f.seg);
+                        self.marker_arrived(f, token);
                         return;
                     }
                     None => Ok(Done { len, imm }),

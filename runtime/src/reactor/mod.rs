@@ -2,10 +2,12 @@
 //! fair-share scheduler what to post, posts it, polls the completion queue in batches and
 //! completes op cells. One thread drives it at a time: its own pinned thread ([`thread`]) or a
 //! caller of `Runtime::block_on` (inline driver).
+mod action;
 mod audit;
 pub(crate) mod cell;
 pub(crate) mod cmd;
 mod complete;
+mod control;
 mod idle;
 mod peers;
 mod post;
@@ -189,8 +191,8 @@ impl Reactor {
             drained: Arc::default(),
             lane_rail: Vec::new(),
             provider_max: t.caps().max_msg_size.max(1),
-            rndv: rendezvous::Rendezvous::default(),
-            audit: audit::Audit::default(),
+            rndv: rendezvous::Rendezvous::new(t.caps().provider.clone()),
+            audit: audit::Audit::new(t.caps().provider.clone(), 0, 1),
             turns: 0,
             silent_refusals: t.caps().silent_refusals,
             phase: Phase::Running,
@@ -222,12 +224,7 @@ impl Reactor {
             self.sweep_silent();
         }
         if self.turns.is_multiple_of(64) {
-            if !self.audit.idle() {
-                self.expire_questions();
-            }
-            if self.markers_waiting() {
-                self.expire_markers();
-            }
+            self.expire_waits();
         }
         work
     }
@@ -249,6 +246,7 @@ impl Reactor {
     ) {
         self.group = group as u32;
         self.groups = groups.max(1) as u32;
+        self.audit = audit::Audit::new(self.t.caps().provider.clone(), self.group, self.groups);
         self.drained = drained;
         if rail_ids.len() == self.rails {
             self.rail_ids = rail_ids;

@@ -34,12 +34,6 @@ pub(super) struct Peer {
     pub(super) inflight: usize,
     /// The peer's control connection.
     pub(super) ctl: UnboundedSender<Ctl>,
-    /// Questions about our memory this peer asked in the current second, and when it began.
-    pub(super) checks: Window,
-    /// Its questions we answered with a refusal in the current minute, and when it began.
-    pub(super) refused: Window,
-    /// Questions we asked it in the current second, and when it began.
-    pub(super) asked: Window,
 }
 
 /// The reactor's peers, by slot.
@@ -148,7 +142,6 @@ impl Peer {
         lanes: Vec<Route>,
         rails: usize,
         ctl: UnboundedSender<Ctl>,
-        now: Instant,
     ) -> Peer {
         let lane_ids: Arc<[LaneId]> = lanes.iter().map(|r| r.lane).collect();
         let msg_lane = lane_ids[..1.min(lane_ids.len())].into();
@@ -167,9 +160,6 @@ impl Peer {
             state: PeerState::Live { asleep: false, announced: false },
             inflight: 0,
             ctl,
-            checks: Window::new(now),
-            refused: Window::new(now),
-            asked: Window::new(now),
         }
     }
 
@@ -306,7 +296,7 @@ impl Reactor {
             })
             .collect();
         match res {
-            Ok(connected) => Ok(self.peers.insert(Peer::new(id, label, connected, rails, ctl, self.now))),
+            Ok(connected) => Ok(self.peers.insert(Peer::new(id, label, connected, rails, ctl))),
             Err(e) => {
                 lanes.iter().for_each(|l| self.t.close_lane(l.lane));
                 Err(e)
@@ -368,8 +358,8 @@ impl Reactor {
             self.on_completion(id, 0, None, Err(e));
         }
         let peer = self.peers[slot].label.clone();
-        self.rendezvous_lost(slot, |op| Error::PeerLost { op, peer: peer.clone(), reason: reason.clone() });
-        self.audit_lost(slot, Some(&reason));
+        let why = |op| Error::PeerLost { op, peer: peer.clone(), reason: reason.clone() };
+        self.side_machines_lost(slot, Some((&peer, &reason)), why);
     }
 
     /// Fail what a gone peer has queued: unposted receives at once, scheduled ops as soon as

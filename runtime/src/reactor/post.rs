@@ -8,12 +8,14 @@ use super::cell::{Done, OpCell};
 use super::cmd::{Draft, OpReq};
 use super::{count_outcome, note_chunk_error, Held, InFlight, Phase, Reactor};
 use crate::base::batch::MAX_SGE;
+use crate::base::control::Ctl;
 use crate::base::error::Error;
 use crate::base::error::OpKind;
+use crate::base::remote::RemoteBuf;
 use crate::base::sched::{Chunk, Class, OpDone, OpId, OpSpec, Scheduler};
 use crate::base::stats::Counters;
 use crate::base::transport::WrId;
-use crate::base::transport::{LocalSeg, PostError, Posted, WorkRequest, WrKind};
+use crate::base::transport::{Access, LocalSeg, PostError, Posted, WorkRequest, WrKind};
 use crate::buf::lease;
 
 /// What became of an op posted at once ([`Reactor::post_at_once`]).
@@ -395,5 +397,46 @@ impl Reactor {
         } else if let Err(req) = self.post_req(req) {
             self.direct.push_back(req);
         }
+    }
+}
+
+impl Reactor {
+    /// A send above the largest message: expose its buffer, offer it, and turn the request into
+    /// its marker (see `rendezvous`). `None` when the send failed (its cell is resolved).
+    fn offer(&mut self, mut req: OpReq) -> Option<OpReq> {
+        if req.cell.abandoned(1) {
+            // Its future is gone and nothing was posted: withdraw it, as any op.
+            Counters::add(&self.counters.withdrawn);
+            return None;
+        }
+        let len = req.seg.len;
+        let label = self.peers[req.peer].label.clone();
+        // SAFETY of the registration (see `lease::register`): the cell, which holds the buffer
+        // once the future is gone, stays with the rendezvous until it asks for the
+        // deregistration (`Action::Withdraw`).
+        let mr = match lease::register(self.t.as_mut(), req.seg.ptr, len, Access::READ) {
+            Ok(mr) => mr,
+            Err(e) => {
+                let e = Error::from_transport(OpKind::Send, &label, e);
+                super::settle_cell(&self.counters, &req.cell, Err(e));
+                return None;
+            }
+        };
+        // The keys of the host's rails 0, 1, ... this reactor's transport spans: a descriptor
+        // names rails by host index, and the other rail groups' transports know nothing of
+        // this registration.
+        let prefix = self.rail_ids.iter().enumerate().take_while(|&(i, &r)| i == r).count().max(1);
+        let keys: Vec<u64> =
+            std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).take(prefix).collect();
+        let desc = RemoteBuf::new(0, mr.remote_base, len as u64, &keys, Access::READ);
+        // Known to the audit like any exposure, so the peer's questions about its reads of it
+        // get true answers.
+        self.audit.exposed(&mr, len, Access::READ);
+        let token = self.rndv.offered(req.peer, label, &req.cell, mr.id, len);
+        self.tell(req.peer, Ctl::Offer { token, desc });
+        req.class = Some(req.class.unwrap_or_else(|| self.sched.config().default_class(len)));
+        req.kind = WrKind::Send { imm: Some(token as u64) };
+        req.seg.len = 0;
+        Some(req)
     }
 }

@@ -11,20 +11,23 @@
 //! Offer and marker travel separately and arrive in either order. Both sides keep the op's
 //! cell while the rendezvous runs, so a dropped future does not withdraw it half-way: the
 //! exposed buffer stays alive (in the cell) until the access is gone.
-use crate::reactor::cmd::PeerSlot;
+//!
+//! [`Rendezvous`] is a machine of its own: the reactor exposes the buffer and posts the marker;
+//! everything else (tokens, offers and markers in either order, answers, giving up) happens
+//! here, each input answered with [`Action`]s for the reactor to carry out.
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{cell_key, settle_cell, Reactor};
+use super::action::{Action, Outbox};
+use super::cell_key;
+use super::cmd::{OpReq, PeerSlot};
 use crate::base::control::{Ctl, Pulled};
-use crate::base::error::{Error, FailureClass, OpKind};
+use crate::base::error::{Error, FailureClass, OpKind, TransportError};
 use crate::base::remote::RemoteBuf;
 use crate::base::sched::Class;
-use crate::base::transport::{Access, LocalSeg, WrKind};
+use crate::base::transport::{LocalSeg, WrKind};
 use crate::reactor::cell::{Done, OpCell};
-
-use super::cmd::OpReq;
 
 /// Offers one peer may have outstanding before it counts as misbehaving.
 const MAX_OFFERS: usize = 4096;
@@ -32,6 +35,8 @@ const MAX_OFFERS: usize = 4096;
 /// A send of ours the peer is pulling.
 struct Outgoing {
     slot: PeerSlot,
+    /// The peer, as errors name it.
+    label: Arc<str>,
     cell: Arc<OpCell>,
     /// The read-only registration of the buffer.
     mr: u64,
@@ -59,8 +64,19 @@ struct Pulling {
     _cell: Arc<OpCell>,
 }
 
-#[derive(Default)]
+/// The peer an input concerns, as the reactor knows it.
+#[derive(Clone, Copy)]
+pub(super) struct PeerRef<'a> {
+    pub slot: PeerSlot,
+    /// The peer runtime's id.
+    pub id: u64,
+    pub label: &'a Arc<str>,
+}
+
+/// The rendezvous of large messages, both ways.
 pub(super) struct Rendezvous {
+    /// Named in the errors the rendezvous makes itself.
+    provider: String,
     next_token: u32,
     /// Our sends, by token.
     outgoing: HashMap<u32, Outgoing>,
@@ -75,174 +91,163 @@ pub(super) struct Rendezvous {
 }
 
 impl Rendezvous {
+    /// A rendezvous whose errors name `provider`.
+    pub(super) fn new(provider: String) -> Rendezvous {
+        Rendezvous {
+            provider,
+            next_token: 0,
+            outgoing: HashMap::new(),
+            markers: HashMap::new(),
+            offers: HashMap::new(),
+            waiting: HashMap::new(),
+            pulling: HashMap::new(),
+        }
+    }
+
     /// Nothing in progress: the op path needs no look-ups.
     pub(super) fn idle(&self) -> bool {
         self.markers.is_empty() && self.pulling.is_empty()
     }
-}
 
-impl Reactor {
     /// A send of ours is being read by its peer.
-    pub(super) fn rendezvous_open(&self) -> bool {
-        !self.rndv.outgoing.is_empty()
+    pub(super) fn open(&self) -> bool {
+        !self.outgoing.is_empty()
     }
 
-    /// Complete an op's cell, unless it belongs to a rendezvous, which takes it from there.
-    pub(super) fn settle(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
-        if self.rndv.idle() && self.audit.idle() {
-            settle_cell(&self.counters, cell, res);
-            return;
-        }
-        let Some(res) = self.audited(cell, res) else {
-            return;
-        };
-        self.settle_audited(cell, res);
+    /// Receives wait for offers.
+    pub(super) fn markers_waiting(&self) -> bool {
+        !self.waiting.is_empty()
     }
 
-    /// Complete an op whose target's verdict is in (or not wanted): a marker finishes its send,
-    /// a read of an offered message answers the sender, and any other op simply completes.
-    pub(super) fn settle_audited(&mut self, cell: &Arc<OpCell>, res: Result<Done, Error>) {
+    /// A failure the rendezvous reports itself, in the provider's name (no errno).
+    fn local_error(&self, class: FailureClass, text: impl Into<String>) -> TransportError {
+        TransportError { provider: self.provider.clone(), errno: 0, text: text.into(), class }
+    }
+
+    /// A send to `slot` above the largest message, its buffer exposed read-only as registration
+    /// `mr`: its token, for the offer the reactor tells and the marker it posts in the send's
+    /// place.
+    pub(super) fn offered(
+        &mut self,
+        slot: PeerSlot,
+        label: Arc<str>,
+        cell: &Arc<OpCell>,
+        mr: u64,
+        len: usize,
+    ) -> u32 {
+        self.next_token = self.next_token.wrapping_add(1);
+        let token = self.next_token;
+        self.markers.insert(cell_key(cell), token);
+        let out = Outgoing { slot, label, cell: cell.clone(), mr, len, marked: false, answer: None };
+        self.outgoing.insert(token, out);
+        token
+    }
+
+    /// An op is over (past the audit): a marker finishes its send, a read of an offered message
+    /// answers its sender; what is left to complete is returned (`None`: nothing, or the
+    /// actions complete it).
+    pub(super) fn settled(
+        &mut self,
+        cell: &Arc<OpCell>,
+        res: Result<Done, Error>,
+        out: &mut Outbox,
+    ) -> Option<Result<Done, Error>> {
         let k = cell_key(cell);
-        if let Some(token) = self.rndv.markers.remove(&k) {
-            self.marker_done(token, res);
-        } else if let Some(p) = self.rndv.pulling.remove(&k) {
+        if let Some(token) = self.markers.remove(&k) {
+            self.marker_done(token, res, out);
+            None
+        } else if let Some(p) = self.pulling.remove(&k) {
             let outcome = if res.is_ok() { Pulled::Whole } else { Pulled::Failed };
-            self.tell(p.slot, Ctl::Done { token: p.token, outcome });
-            settle_cell(&self.counters, cell, res.map(|d| Done { len: d.len, imm: None }));
+            out.push(Action::Tell(p.slot, Ctl::Done { token: p.token, outcome }));
+            Some(res.map(|d| Done { len: d.len, imm: None }))
         } else {
-            settle_cell(&self.counters, cell, res);
+            Some(res)
         }
     }
 
-    /// A send above the largest message: expose its buffer, offer it, and turn the request into
-    /// its marker. `None` when the send failed (its cell is resolved).
-    pub(super) fn offer(&mut self, mut req: OpReq) -> Option<OpReq> {
-        if req.cell.abandoned(1) {
-            // Its future is gone and nothing was posted: withdraw it, as any op.
-            crate::base::stats::Counters::add(&self.counters.withdrawn);
-            return None;
-        }
-        let len = req.seg.len;
-        let peer = &self.peers[req.peer];
-        let label = peer.label.clone();
-        // SAFETY of the registration (see `lease::register`): the cell, which holds the buffer
-        // once the future is gone, stays in `outgoing` until the deregistration below.
-        let mr = match super::lease::register(self.t.as_mut(), req.seg.ptr, len, Access::READ) {
-            Ok(mr) => mr,
-            Err(e) => {
-                settle_cell(&self.counters, &req.cell, Err(Error::from_transport(OpKind::Send, &label, e)));
-                return None;
-            }
-        };
-        self.rndv.next_token = self.rndv.next_token.wrapping_add(1);
-        let token = self.rndv.next_token;
-        // The keys of the host's rails 0, 1, ... this reactor's transport spans: a descriptor
-        // names rails by host index, and the other rail groups' transports know nothing of
-        // this registration.
-        let prefix = self.rail_ids.iter().enumerate().take_while(|&(i, &r)| i == r).count().max(1);
-        let keys: Vec<u64> =
-            std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).take(prefix).collect();
-        let desc = RemoteBuf::new(0, mr.remote_base, len as u64, &keys, Access::READ);
-        // Known to the audit like any exposure, so the peer's questions about its reads of it
-        // get true answers.
-        self.audit.exposed(&mr, len, Access::READ);
-        self.tell(req.peer, Ctl::Offer { token, desc });
-        let cell = req.cell.clone();
-        self.rndv.markers.insert(cell_key(&cell), token);
-        let out = Outgoing { slot: req.peer, cell, mr: mr.id, len, marked: false, answer: None };
-        self.rndv.outgoing.insert(token, out);
-        req.class = Some(req.class.unwrap_or_else(|| self.sched.config().default_class(len)));
-        req.kind = WrKind::Send { imm: Some(token as u64) };
-        req.seg.len = 0;
-        Some(req)
-    }
-
-    fn marker_done(&mut self, token: u32, res: Result<Done, Error>) {
-        let Some(out) = self.rndv.outgoing.get_mut(&token) else {
+    fn marker_done(&mut self, token: u32, res: Result<Done, Error>, out: &mut Outbox) {
+        let Some(o) = self.outgoing.get_mut(&token) else {
             return;
         };
         match res {
             Ok(_) => {
-                out.marked = true;
-                if let Some(answer) = out.answer {
-                    self.finish_send(token, Ok(answer));
+                o.marked = true;
+                if let Some(answer) = o.answer {
+                    self.finish_send(token, Ok(answer), out);
                 }
             }
             Err(e) => {
                 // No marker will come: the peer forgets the offer (else it keeps it until we
                 // are lost, counting against our offers there).
-                let slot = out.slot;
-                self.tell(slot, Ctl::Withdrawn { token });
-                self.finish_send(token, Err(e));
+                out.push(Action::Tell(o.slot, Ctl::Withdrawn { token }));
+                self.finish_send(token, Err(e), out);
             }
         }
     }
 
     /// The send is over: withdraw the access, then complete it.
-    fn finish_send(&mut self, token: u32, res: Result<Pulled, Error>) {
-        let Some(out) = self.rndv.outgoing.remove(&token) else {
+    fn finish_send(&mut self, token: u32, res: Result<Pulled, Error>, out: &mut Outbox) {
+        let Some(o) = self.outgoing.remove(&token) else {
             return;
         };
-        self.rndv.markers.remove(&cell_key(&out.cell));
-        self.audit.withdrawn(out.mr);
-        if let Err(e) = self.t.deregister(out.mr) {
-            tracing::warn!(token, error = %e, "deregistering an offered buffer failed");
-        }
-        let label: Arc<str> = self.peers.get(out.slot).map_or_else(|| "-".into(), |p| p.label.clone());
+        self.markers.remove(&cell_key(&o.cell));
+        out.push(Action::Withdraw(o.mr));
         let res = match res {
-            Ok(Pulled::Whole) => Ok(Done { len: out.len, imm: None }),
+            Ok(Pulled::Whole) => Ok(Done { len: o.len, imm: None }),
             Ok(Pulled::TooSmall(n)) => Err(Error::Transport {
                 op: OpKind::Send,
-                peer: label.clone(),
+                peer: o.label.clone(),
                 source: self.local_error(
                     FailureClass::Truncated,
-                    format!(
-                        "the peer's {n}-byte receive buffer is too small for the {}-byte message",
-                        out.len
-                    ),
+                    format!("the peer's {n}-byte receive buffer is too small for the {}-byte message", o.len),
                 ),
             }),
             Ok(Pulled::Failed) => Err(Error::Transport {
                 op: OpKind::Send,
-                peer: label.clone(),
+                peer: o.label.clone(),
                 source: self.local_error(FailureClass::Other, "the peer failed to read the message"),
             }),
             Err(e) => Err(e),
         };
-        settle_cell(&self.counters, &out.cell, res);
+        out.push(Action::Complete(o.cell, res));
     }
 
-    /// A receive completed with immediate data: a marker. Pull the message it stands for.
-    pub(super) fn marker_arrived(&mut self, slot: PeerSlot, token: u32, cell: Arc<OpCell>, seg: LocalSeg) {
-        match self.rndv.offers.remove(&(slot, token)) {
-            Some(desc) => self.pull(slot, token, desc, cell, seg),
-            None if self.rndv.waiting.contains_key(&(slot, token)) => {
+    /// A receive completed with immediate data: a marker. Pull the message it stands for once
+    /// its offer is in. `running`: the reactor takes new work (else the pull fails at once).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn marker_arrived(
+        &mut self,
+        peer: PeerRef<'_>,
+        token: u32,
+        cell: Arc<OpCell>,
+        seg: LocalSeg,
+        now: Instant,
+        running: bool,
+        out: &mut Outbox,
+    ) {
+        match self.offers.remove(&(peer.slot, token)) {
+            Some(desc) => self.pull(peer, token, desc, cell, seg, running, out),
+            None if self.waiting.contains_key(&(peer.slot, token)) => {
                 // A correct peer never reuses a token while its send runs.
                 let reason = format!("it sent two messages under rendezvous token {token}");
-                self.drop_peer(slot, reason.clone());
-                let peer = self.peers.get(slot).map_or_else(|| "-".into(), |p| p.label.clone());
-                settle_cell(
-                    &self.counters,
-                    &cell,
-                    Err(Error::PeerLost { op: OpKind::Recv, peer, reason: reason.into() }),
-                );
+                out.push(Action::DropPeer(peer.slot, reason.clone()));
+                let e = Error::PeerLost { op: OpKind::Recv, peer: peer.label.clone(), reason: reason.into() };
+                out.push(Action::Complete(cell, Err(e)));
             }
             None => {
-                self.rndv.waiting.insert((slot, token), Waiting { cell, seg, since: self.now });
+                self.waiting.insert((peer.slot, token), Waiting { cell, seg, since: now });
             }
         }
     }
 
     /// Markers are waiting for their offers: give up on a peer whose offer is overdue. The
     /// sender tells the offer before it posts the marker, so the offer trails by a control
-    /// hop at most; one later than the reactor's patience means a broken peer.
-    pub(super) fn expire_markers(&mut self) {
-        let now = self.now;
+    /// hop at most; one later than `patience` means a broken peer.
+    pub(super) fn expire(&mut self, now: Instant, patience: Duration, out: &mut Outbox) {
         let mut late: Vec<(PeerSlot, u32)> = self
-            .rndv
             .waiting
             .iter()
-            .filter(|(_, w)| now.duration_since(w.since) >= self.patience)
+            .filter(|(_, w)| now.duration_since(w.since) >= patience)
             .map(|(k, _)| *k)
             .collect();
         late.sort_unstable();
@@ -250,90 +255,88 @@ impl Reactor {
         for (slot, token) in late {
             let why = format!(
                 "its offer for rendezvous token {token} did not come within {} s",
-                self.patience.as_secs()
+                patience.as_secs()
             );
-            self.drop_peer(slot, why);
+            out.push(Action::DropPeer(slot, why));
         }
     }
 
-    /// Receives wait for offers.
-    pub(super) fn markers_waiting(&self) -> bool {
-        !self.rndv.waiting.is_empty()
+    /// The peer offers a message of its own for us to read.
+    pub(super) fn on_offer(
+        &mut self,
+        peer: PeerRef<'_>,
+        token: u32,
+        desc: RemoteBuf,
+        running: bool,
+        out: &mut Outbox,
+    ) {
+        match self.waiting.remove(&(peer.slot, token)) {
+            Some(w) => self.pull(peer, token, desc, w.cell, w.seg, running, out),
+            None if self.offers.keys().filter(|(s, _)| *s == peer.slot).count() >= MAX_OFFERS => {
+                out.push(Action::DropPeer(peer.slot, format!("more than {MAX_OFFERS} offers outstanding")));
+            }
+            None => {
+                self.offers.insert((peer.slot, token), desc);
+            }
+        }
     }
 
-    /// A message on a peer's control connection.
-    pub(super) fn on_control(&mut self, slot: PeerSlot, peer_id: u64, msg: Ctl) {
-        if self.peers.get(slot).is_none_or(|p| p.id != peer_id || p.lost().is_some()) {
+    /// The peer withdrew an offer: its post of the marker failed.
+    pub(super) fn on_withdrawn(&mut self, peer: PeerRef<'_>, token: u32, out: &mut Outbox) {
+        self.offers.remove(&(peer.slot, token));
+        // The marker arrived although the sender saw its post fail: the message is gone all
+        // the same.
+        if let Some(w) = self.waiting.remove(&(peer.slot, token)) {
+            let source = self.local_error(FailureClass::Other, "the sender withdrew the message");
+            let e = Error::Transport { op: OpKind::Recv, peer: peer.label.clone(), source };
+            out.push(Action::Complete(w.cell, Err(e)));
+        }
+    }
+
+    /// The peer is done reading a message of ours.
+    pub(super) fn on_done(&mut self, slot: PeerSlot, token: u32, outcome: Pulled, out: &mut Outbox) {
+        let Some(o) = self.outgoing.get_mut(&token).filter(|o| o.slot == slot) else {
+            tracing::debug!(token, "answer to no offer of ours ignored");
             return;
-        }
-        match msg {
-            // Both end at the connection's task, which never hands them on.
-            Ctl::Heartbeat | Ctl::Goodbye { .. } => {}
-            Ctl::Asleep => self.peers[slot].heard(true),
-            // The command that brought it woke us: we may announce our next sleep to it again.
-            Ctl::Kick => self.peers[slot].heard(false),
-            Ctl::Check { .. } | Ctl::Verdict { .. } => self.on_audit(slot, msg),
-            Ctl::Offer { token, desc } => match self.rndv.waiting.remove(&(slot, token)) {
-                Some(w) => self.pull(slot, token, desc, w.cell, w.seg),
-                None if self.rndv.offers.keys().filter(|(s, _)| *s == slot).count() >= MAX_OFFERS => {
-                    self.drop_peer(slot, format!("more than {MAX_OFFERS} offers outstanding"));
-                }
-                None => {
-                    self.rndv.offers.insert((slot, token), desc);
-                }
-            },
-            Ctl::Withdrawn { token } => {
-                self.rndv.offers.remove(&(slot, token));
-                // The marker arrived although the sender saw its post fail: the message is
-                // gone all the same.
-                if let Some(w) = self.rndv.waiting.remove(&(slot, token)) {
-                    let peer = self.peers[slot].label.clone();
-                    let source = self.local_error(FailureClass::Other, "the sender withdrew the message");
-                    settle_cell(
-                        &self.counters,
-                        &w.cell,
-                        Err(Error::Transport { op: OpKind::Recv, peer, source }),
-                    );
-                }
-            }
-            Ctl::Done { token, outcome } => {
-                let Some(out) = self.rndv.outgoing.get_mut(&token).filter(|o| o.slot == slot) else {
-                    tracing::debug!(token, "answer to no offer of ours ignored");
-                    return;
-                };
-                if out.marked {
-                    self.finish_send(token, Ok(outcome));
-                } else {
-                    out.answer = Some(outcome);
-                }
-            }
+        };
+        if o.marked {
+            self.finish_send(token, Ok(outcome), out);
+        } else {
+            o.answer = Some(outcome);
         }
     }
 
     /// Read an offered message into the receive buffer `seg`, as a bulk read through the
     /// scheduler; its completion answers the sender and completes the receive.
-    fn pull(&mut self, slot: PeerSlot, token: u32, desc: RemoteBuf, cell: Arc<OpCell>, seg: LocalSeg) {
-        if self.phase != super::Phase::Running {
-            self.tell(slot, Ctl::Done { token, outcome: Pulled::Failed });
-            settle_cell(&self.counters, &cell, Err(Error::Shutdown { op: OpKind::Recv }));
+    #[allow(clippy::too_many_arguments)]
+    fn pull(
+        &mut self,
+        peer: PeerRef<'_>,
+        token: u32,
+        desc: RemoteBuf,
+        cell: Arc<OpCell>,
+        seg: LocalSeg,
+        running: bool,
+        out: &mut Outbox,
+    ) {
+        let slot = peer.slot;
+        if !running {
+            out.push(Action::Tell(slot, Ctl::Done { token, outcome: Pulled::Failed }));
+            out.push(Action::Complete(cell, Err(Error::Shutdown { op: OpKind::Recv })));
             return;
         }
         let len = desc.len();
         if len > seg.len as u64 || len == 0 {
-            self.tell(slot, Ctl::Done { token, outcome: Pulled::TooSmall(seg.len as u64) });
-            let p = &self.peers[slot];
+            out.push(Action::Tell(slot, Ctl::Done { token, outcome: Pulled::TooSmall(seg.len as u64) }));
             let text = format!("a {len}-byte message does not fit the {}-byte receive buffer", seg.len);
             let source = self.local_error(FailureClass::Truncated, text);
-            settle_cell(
-                &self.counters,
-                &cell,
-                Err(Error::Transport { op: OpKind::Recv, peer: p.label.clone(), source }),
-            );
+            let e = Error::Transport { op: OpKind::Recv, peer: peer.label.clone(), source };
+            out.push(Action::Complete(cell, Err(e)));
             return;
         }
         let req = OpReq {
             peer: slot,
-            peer_id: self.peers[slot].id,
+            peer_id: peer.id,
             op: OpKind::Recv,
             kind: WrKind::Read { remote_addr: desc.addr(), key: desc.key() },
             seg: LocalSeg { len: len as usize, ..seg },
@@ -344,32 +347,25 @@ impl Reactor {
             rail_keys: desc.rail_keys(),
             slots: None,
         };
-        self.rndv.pulling.insert(cell_key(&cell), Pulling { slot, token, _cell: cell });
-        self.accept(req);
+        self.pulling.insert(cell_key(&cell), Pulling { slot, token, _cell: cell });
+        out.push(Action::Pull(Box::new(req)));
     }
 
-    pub(super) fn tell(&self, slot: PeerSlot, msg: Ctl) {
-        if let Some(p) = self.peers.get(slot) {
-            // A closed outbox means the control connection is gone, and with it the peer: its
-            // loss fails what waits on the answer.
-            let _ = p.ctl.send(msg);
-        }
-    }
-
-    /// The peer is gone (its ops have been failed): give back what waits on it.
-    pub(super) fn rendezvous_lost(&mut self, slot: PeerSlot, why: impl Fn(OpKind) -> Error) {
+    /// The peer in `slot` is gone (its ops have been failed): give back what waits on it, each
+    /// failing with `why`.
+    pub(super) fn lost(&mut self, slot: PeerSlot, why: impl Fn(OpKind) -> Error, out: &mut Outbox) {
         // A send whose marker is still on its way is finished by the marker's failure.
         let tokens: Vec<u32> =
-            self.rndv.outgoing.iter().filter(|(_, o)| o.slot == slot && o.marked).map(|(t, _)| *t).collect();
+            self.outgoing.iter().filter(|(_, o)| o.slot == slot && o.marked).map(|(t, _)| *t).collect();
         for t in tokens {
-            self.finish_send(t, Err(why(OpKind::Send)));
+            self.finish_send(t, Err(why(OpKind::Send)), out);
         }
-        self.rndv.offers.retain(|(s, _), _| *s != slot);
+        self.offers.retain(|(s, _), _| *s != slot);
         let waiting: Vec<(PeerSlot, u32)> =
-            self.rndv.waiting.keys().filter(|(s, _)| *s == slot).copied().collect();
+            self.waiting.keys().filter(|(s, _)| *s == slot).copied().collect();
         for k in waiting {
-            let w = self.rndv.waiting.remove(&k).expect("listed");
-            settle_cell(&self.counters, &w.cell, Err(why(OpKind::Recv)));
+            let w = self.waiting.remove(&k).expect("listed");
+            out.push(Action::Complete(w.cell, Err(why(OpKind::Recv))));
         }
     }
 }
@@ -377,95 +373,186 @@ impl Reactor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::control::Verdict;
-    use crate::base::transport::WrId;
-    use crate::reactor::testing::{cancelled, peer, reactor};
+    use crate::base::transport::Access;
+    use crate::reactor::testing::cancelled;
 
-    #[test]
-    fn a_cancelled_read_of_an_offered_message_answers_its_sender_once_the_verdict_is_in() {
-        let mut r = reactor();
-        let (slot, mut told) = peer(&mut r);
-        let cell = OpCell::new();
-        r.rndv.pulling.insert(cell_key(&cell), Pulling { slot, token: 42, _cell: cell.clone() });
-        // The read came back cancelled (tcp;ofi_rxm dropped the connection): its target is
-        // asked, and the receive waits for the answer.
-        r.question(WrId::new(1, 1), slot, OpKind::Recv, WrKind::Read { remote_addr: 0, key: 9 }, 64, &cell);
-        let Ok(Ctl::Check { token, key: 9, write: false, .. }) = told.try_recv() else {
-            panic!("the sender should be asked about its key");
-        };
-        r.settle(&cell, Err(cancelled()));
-        assert!(cell.outcome().is_none(), "the receive waits for the verdict");
+    const SEG: LocalSeg = LocalSeg { ptr: std::ptr::null_mut(), len: 64, desc: 0 };
 
-        r.on_audit(slot, Ctl::Verdict { token, verdict: Verdict::Allowed });
+    fn label() -> Arc<str> {
+        "peer".into()
+    }
 
-        assert_eq!(told.try_recv().ok(), Some(Ctl::Done { token: 42, outcome: Pulled::Failed }));
-        assert!(matches!(cell.outcome(), Some(Err(_))), "the receive fails");
-        assert!(r.rndv.pulling.is_empty() && r.rndv.idle());
+    fn peer(label: &Arc<str>) -> PeerRef<'_> {
+        PeerRef { slot: PeerSlot(0), id: 7, label }
     }
 
     #[test]
-    fn a_second_marker_under_one_token_drops_the_peer_and_fails_both_receives() {
-        let mut r = reactor();
-        let (slot, mut told) = peer(&mut r);
-        let seg = LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 };
+    fn offer_and_marker_meet_in_either_order_and_the_read_answers_the_sender() {
+        let (l, now) = (label(), Instant::now());
+        let mut r = Rendezvous::new("nothing".into());
+        let desc = RemoteBuf::new(0, 4096, 64, &[1], Access::READ);
+        let mut out = Outbox::new();
+        // Marker first: the receive waits, then the offer starts the read.
+        let first = OpCell::new();
+        r.marker_arrived(peer(&l), 1, first.clone(), SEG, now, true, &mut out);
+        assert!(out.is_empty() && r.markers_waiting());
+        r.on_offer(peer(&l), 1, desc.clone(), true, &mut out);
+        assert!(
+            matches!(out.as_slice(), [Action::Pull(req)] if req.seg.len == 64 && req.class == Some(Class::Bulk))
+        );
+        // Offer first: the marker starts the read.
+        out.clear();
+        let second = OpCell::new();
+        r.on_offer(peer(&l), 2, desc, true, &mut out);
+        assert!(out.is_empty());
+        r.marker_arrived(peer(&l), 2, second.clone(), SEG, now, true, &mut out);
+        assert!(matches!(out.as_slice(), [Action::Pull(_)]));
+        // Each read's completion answers its sender and leaves the receive to complete.
+        out.clear();
+        let res = r.settled(&first, Ok(Done { len: 64, imm: Some(1) }), &mut out);
+        assert_eq!(
+            res.and_then(|r| r.ok()),
+            Some(Done { len: 64, imm: None }),
+            "the marker's immediate is not the message's"
+        );
+        assert!(matches!(out.as_slice(), [Action::Tell(_, Ctl::Done { token: 1, outcome: Pulled::Whole })]));
+        out.clear();
+        assert!(r.settled(&second, Err(cancelled()), &mut out).is_some_and(|r| r.is_err()));
+        assert!(matches!(out.as_slice(), [Action::Tell(_, Ctl::Done { token: 2, outcome: Pulled::Failed })]));
+        assert!(r.idle() && !r.markers_waiting());
+    }
+
+    #[test]
+    fn a_send_completes_with_its_marker_and_the_answer_whichever_comes_last() {
+        let l = label();
+        let mut r = Rendezvous::new("nothing".into());
+        let mut out = Outbox::new();
+        let (a, b) = (OpCell::new(), OpCell::new());
+        let ta = r.offered(PeerSlot(0), l.clone(), &a, 11, 1 << 20);
+        let tb = r.offered(PeerSlot(0), l.clone(), &b, 12, 1 << 20);
+        // a: the marker completes, then the answer.
+        assert!(r.settled(&a, Ok(Done { len: 0, imm: None }), &mut out).is_none());
+        assert!(out.is_empty() && r.open());
+        r.on_done(PeerSlot(1), ta, Pulled::Whole, &mut out);
+        assert!(out.is_empty(), "another peer cannot answer for this one");
+        r.on_done(PeerSlot(0), ta, Pulled::Whole, &mut out);
+        assert!(matches!(
+            out.as_slice(),
+            [Action::Withdraw(11), Action::Complete(c, Ok(Done { len: 1048576, .. }))] if Arc::ptr_eq(c, &a)
+        ));
+        // b: the answer (too small a buffer) first, then the marker.
+        out.clear();
+        r.on_done(PeerSlot(0), tb, Pulled::TooSmall(100), &mut out);
+        assert!(out.is_empty());
+        assert!(r.settled(&b, Ok(Done { len: 0, imm: None }), &mut out).is_none());
+        match out.as_slice() {
+            [Action::Withdraw(12), Action::Complete(_, Err(Error::Transport { source, .. }))] => {
+                assert_eq!(source.class, FailureClass::Truncated);
+                assert!(source.text.contains("100-byte"), "{}", source.text);
+            }
+            _ => panic!("the send should fail as truncated after withdrawing its buffer"),
+        }
+        assert!(r.idle() && !r.open());
+    }
+
+    #[test]
+    fn a_second_marker_under_one_token_drops_the_peer_and_fails_the_receive() {
+        let (l, now) = (label(), Instant::now());
+        let mut r = Rendezvous::new("nothing".into());
+        let mut out = Outbox::new();
         let (first, second) = (OpCell::new(), OpCell::new());
-        r.marker_arrived(slot, 5, first.clone(), seg);
-        assert!(first.outcome().is_none(), "a marker waits for its offer");
-        r.marker_arrived(slot, 5, second.clone(), seg);
-        assert!(matches!(first.outcome(), Some(Err(Error::PeerLost { .. }))));
-        assert!(matches!(second.outcome(), Some(Err(Error::PeerLost { .. }))));
-        assert!(r.peers[slot].lost().is_some_and(|w| w.contains("token 5")));
-        assert!(matches!(told.try_recv(), Ok(Ctl::Goodbye { reason }) if reason.contains("token 5")));
+        r.marker_arrived(peer(&l), 5, first.clone(), SEG, now, true, &mut out);
+        assert!(out.is_empty(), "a marker waits for its offer");
+        r.marker_arrived(peer(&l), 5, second.clone(), SEG, now, true, &mut out);
+        match out.as_slice() {
+            [Action::DropPeer(PeerSlot(0), why), Action::Complete(c, Err(Error::PeerLost { .. }))] => {
+                assert!(why.contains("token 5"));
+                assert!(Arc::ptr_eq(c, &second));
+            }
+            _ => panic!("the peer should be dropped and the second receive failed"),
+        }
+        // Dropping it loses the peer, which fails the first receive.
+        out.clear();
+        r.lost(PeerSlot(0), |op| Error::Shutdown { op }, &mut out);
+        assert!(matches!(out.as_slice(), [Action::Complete(c, Err(_))] if Arc::ptr_eq(c, &first)));
     }
 
     #[test]
     fn a_marker_whose_offer_never_comes_drops_the_peer() {
-        let mut r = reactor();
-        let (slot, mut told) = peer(&mut r);
-        let seg = LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 };
-        let cell = OpCell::new();
-        r.marker_arrived(slot, 3, cell.clone(), seg);
-        r.expire_markers();
-        assert!(cell.outcome().is_none(), "an offer may trail its marker a while");
-        r.rndv.waiting.get_mut(&(slot, 3)).unwrap().since -= r.patience;
-        r.expire_markers();
-        assert!(matches!(cell.outcome(), Some(Err(Error::PeerLost { .. }))));
-        assert!(matches!(told.try_recv(), Ok(Ctl::Goodbye { reason }) if reason.contains("did not come")));
+        let (l, now) = (label(), Instant::now());
+        let patience = Duration::from_secs(10);
+        let mut r = Rendezvous::new("nothing".into());
+        let mut out = Outbox::new();
+        r.marker_arrived(peer(&l), 3, OpCell::new(), SEG, now, true, &mut out);
+        r.expire(now + patience / 2, patience, &mut out);
+        assert!(out.is_empty(), "an offer may trail its marker a while");
+        r.expire(now + patience, patience, &mut out);
+        assert!(
+            matches!(out.as_slice(), [Action::DropPeer(PeerSlot(0), why)] if why.contains("did not come"))
+        );
     }
 
     #[test]
     fn a_withdrawn_offer_is_forgotten_and_a_receive_waiting_on_it_fails() {
-        let mut r = reactor();
-        let (slot, _told) = peer(&mut r);
-        let id = r.peers[slot].id;
+        let (l, now) = (label(), Instant::now());
+        let mut r = Rendezvous::new("nothing".into());
+        let mut out = Outbox::new();
         let desc = RemoteBuf::new(0, 4096, 64, &[1], Access::READ);
-        r.on_control(slot, id, Ctl::Offer { token: 8, desc });
-        assert_eq!(r.rndv.offers.len(), 1);
-        r.on_control(slot, id, Ctl::Withdrawn { token: 8 });
-        assert!(r.rndv.offers.is_empty(), "the offer is forgotten");
+        r.on_offer(peer(&l), 8, desc, true, &mut out);
+        assert_eq!(r.offers.len(), 1);
+        r.on_withdrawn(peer(&l), 8, &mut out);
+        assert!(r.offers.is_empty() && out.is_empty(), "the offer is forgotten");
 
-        let seg = LocalSeg { ptr: std::ptr::null_mut(), len: 0, desc: 0 };
-        let cell = OpCell::new();
-        r.marker_arrived(slot, 9, cell.clone(), seg);
-        r.on_control(slot, id, Ctl::Withdrawn { token: 9 });
-        match cell.outcome() {
-            Some(Err(Error::Transport { source, .. })) => assert!(source.text.contains("withdrew")),
-            other => panic!("the receive should fail, got {other:?}"),
+        r.marker_arrived(peer(&l), 9, OpCell::new(), SEG, now, true, &mut out);
+        r.on_withdrawn(peer(&l), 9, &mut out);
+        match out.as_slice() {
+            [Action::Complete(_, Err(Error::Transport { source, .. }))] => {
+                assert!(source.text.contains("withdrew"))
+            }
+            _ => panic!("the receive should fail"),
         }
-        assert!(r.rndv.waiting.is_empty() && r.peers[slot].lost().is_none());
+        assert!(!r.markers_waiting());
     }
 
     #[test]
     fn a_failed_marker_withdraws_its_offer_and_fails_the_send() {
-        let mut r = reactor();
-        let (slot, mut told) = peer(&mut r);
+        let l = label();
+        let mut r = Rendezvous::new("nothing".into());
+        let mut out = Outbox::new();
         let cell = OpCell::new();
-        r.rndv.markers.insert(cell_key(&cell), 4);
-        let out = Outgoing { slot, cell: cell.clone(), mr: 1, len: 1 << 20, marked: false, answer: None };
-        r.rndv.outgoing.insert(4, out);
-        r.settle(&cell, Err(cancelled()));
-        assert_eq!(told.try_recv().ok(), Some(Ctl::Withdrawn { token: 4 }));
-        assert!(matches!(cell.outcome(), Some(Err(_))));
-        assert!(r.rndv.outgoing.is_empty() && r.rndv.idle());
+        let token = r.offered(PeerSlot(0), l, &cell, 1, 1 << 20);
+        assert!(r.settled(&cell, Err(cancelled()), &mut out).is_none());
+        match out.as_slice() {
+            [Action::Tell(PeerSlot(0), Ctl::Withdrawn { token: t }), Action::Withdraw(1), Action::Complete(_, Err(_))] =>
+            {
+                assert_eq!(*t, token)
+            }
+            _ => panic!("the offer should be withdrawn, the buffer deregistered and the send failed"),
+        }
+        assert!(r.idle() && !r.open());
+    }
+
+    #[test]
+    fn a_message_too_large_for_the_receive_or_offered_at_shutdown_is_refused() {
+        let (l, now) = (label(), Instant::now());
+        let mut r = Rendezvous::new("nothing".into());
+        let mut out = Outbox::new();
+        let big = RemoteBuf::new(0, 4096, 65, &[1], Access::READ);
+        r.on_offer(peer(&l), 1, big.clone(), true, &mut out);
+        r.marker_arrived(peer(&l), 1, OpCell::new(), SEG, now, true, &mut out);
+        assert!(matches!(
+            out.as_slice(),
+            [Action::Tell(_, Ctl::Done { outcome: Pulled::TooSmall(64), .. }), Action::Complete(_, Err(_))]
+        ));
+        out.clear();
+        r.on_offer(peer(&l), 2, big, true, &mut out);
+        r.marker_arrived(peer(&l), 2, OpCell::new(), SEG, now, false, &mut out);
+        assert!(matches!(
+            out.as_slice(),
+            [
+                Action::Tell(_, Ctl::Done { outcome: Pulled::Failed, .. }),
+                Action::Complete(_, Err(Error::Shutdown { .. }))
+            ]
+        ));
     }
 }

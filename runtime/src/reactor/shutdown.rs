@@ -134,8 +134,7 @@ impl Reactor {
             }
         }
         for slot in self.peers.slots() {
-            self.rendezvous_lost(slot, |op| Error::Shutdown { op });
-            self.audit_lost(slot, None);
+            self.side_machines_lost(slot, None, |op| Error::Shutdown { op });
         }
         self.active = 0;
         self.idle.stopped.store(true, Ordering::Release);

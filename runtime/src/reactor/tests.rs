@@ -440,3 +440,31 @@ fn a_latency_op_behind_queued_bulk_takes_the_express_lane() {
     assert!(small.outcome().is_some_and(|r| r.is_ok()));
     assert!(bulk.outcome().is_none(), "the bulk op is still going");
 }
+
+#[test]
+fn a_cancelled_read_of_an_offered_message_answers_its_sender_once_the_verdict_is_in() {
+    let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
+    let recv = g.submit(OpKind::Recv, WrKind::Recv, 64 << 10);
+    let posted = g.script.pending();
+    let desc =
+        crate::base::remote::RemoteBuf::new(0, 0x5000, 4096, &[44], crate::base::transport::Access::READ);
+    g.r.on_control(g.slot, 7, Ctl::Offer { token: 3, desc });
+    g.script.complete_with(posted[0].id, Some(0), Some(3), Ok(()));
+    g.turns(1);
+    let read = g.script.pending();
+    assert!(matches!(read.as_slice(), [w] if matches!(w.kind, WrKind::Read { key: 44, .. })));
+    // The read comes back cancelled (tcp;ofi_rxm dropped the connection): its target, the
+    // sender, is asked, and the receive waits for the answer.
+    g.script.complete(read[0].id, Err(failure(FailureClass::Cancelled, "Operation canceled")));
+    g.turns(1);
+    let Some(Ctl::Check { token, key: 44, write: false, .. }) = g.told().first().cloned() else {
+        panic!("the sender should be asked about its key");
+    };
+    assert!(recv.outcome().is_none(), "the receive waits for the verdict");
+    g.r.on_control(g.slot, 7, Ctl::Verdict { token, verdict: Verdict::Allowed });
+    assert_eq!(g.told(), vec![Ctl::Done { token: 3, outcome: Pulled::Failed }], "the sender hears once");
+    match recv.outcome() {
+        Some(Err(Error::Transport { source, .. })) => assert_eq!(source.class, FailureClass::Cancelled),
+        other => panic!("the receive should fail with its own error, got {other:?}"),
+    }
+}
