@@ -53,8 +53,8 @@ impl Counters {
     }
 
     /// Count bytes posted on `rail` (reactor only, as `add`).
-    pub(crate) fn add_rail_bytes(&self, rail: usize, n: usize) {
-        if let Some(c) = self.rail_bytes.get(rail) {
+    pub(crate) fn add_rail_bytes(&self, rail: crate::base::transport::RailId, n: usize) {
+        if let Some(c) = self.rail_bytes.get(rail.0) {
             c.store(c.load(Ordering::Relaxed) + n as u64, Ordering::Relaxed);
         }
     }

@@ -27,6 +27,12 @@ impl LaneId {
     }
 }
 
+/// A rail (a NIC, or a domain on one) by its index among all the rails a runtime spans. A
+/// transport serving one rail group numbers its own rails 0, 1, ... (`TransportConfig::rail_ids`
+/// maps those to these).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub(crate) struct RailId(pub(crate) usize);
+
 /// Access a memory registration grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use super::action::{Action, Outbox};
 use super::cell_key;
-use super::cmd::PeerSlot;
+use super::cmd::{GroupId, PeerSlot};
 use super::peers::Window;
 use crate::base::control::{Ctl, Verdict};
 use crate::base::error::{Error, FailureClass, OpKind, TransportError};
@@ -101,7 +101,7 @@ pub(super) struct Audit {
     provider: String,
     /// This reactor's rail group, and how many the runtime has: question tokens carry the
     /// group, and each group asks its share of a peer's ration.
-    group: u32,
+    group: GroupId,
     groups: u32,
     next_token: u32,
     /// When in-flight ops were last looked at, and the first request generation posted since.
@@ -121,7 +121,7 @@ pub(super) struct Audit {
 
 impl Audit {
     /// An audit for rail group `group` of `groups`, whose errors name `provider`.
-    pub(super) fn new(provider: String, group: u32, groups: u32) -> Audit {
+    pub(super) fn new(provider: String, group: GroupId, groups: u32) -> Audit {
         Audit {
             provider,
             group,
@@ -222,7 +222,7 @@ impl Audit {
             return;
         }
         self.next_token = self.next_token.wrapping_add(1) & ((1 << super::TOKEN_GROUP_SHIFT) - 1);
-        let token = (self.group << super::TOKEN_GROUP_SHIFT) | self.next_token;
+        let token = ((self.group.0 as u32) << super::TOKEN_GROUP_SHIFT) | self.next_token;
         out.push(Action::Tell(q.slot, Ctl::Check { token, key, addr, len: q.len as u64, write }));
         self.by_token.insert(token, k);
         let asking = Asking {
@@ -443,7 +443,7 @@ mod tests {
     use crate::reactor::testing::cancelled;
 
     fn audit() -> Audit {
-        Audit::new("nothing".into(), 0, 1)
+        Audit::new("nothing".into(), GroupId::FIRST, 1)
     }
 
     /// Ask about `cell`'s cancelled write at `now`; the token told.

@@ -17,6 +17,16 @@ use crate::reactor::cell::OpCell;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct PeerSlot(pub(crate) usize);
 
+/// A rail group (one reactor and the rails its transport spans) by its place in the runtime.
+/// The first holds rail 0: messages, the express lane and the audit's answers go there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub(crate) struct GroupId(pub(crate) usize);
+
+impl GroupId {
+    /// The group holding rail 0.
+    pub(crate) const FIRST: GroupId = GroupId(0);
+}
+
 /// Where a peer sits in each rail group's reactor.
 #[derive(Debug)]
 pub(crate) struct PeerSlots {
@@ -24,8 +34,15 @@ pub(crate) struct PeerSlots {
     /// small ops go there).
     pub first: PeerSlot,
     /// Its slot in each group's reactor, `None` where the group holds none of its lanes
-    /// (`by_group[0]` is `Some(first)`).
+    /// (`by_group[0]` is `Some(first)`); index it with [`PeerSlots::of`].
     pub by_group: Vec<Option<PeerSlot>>,
+}
+
+impl PeerSlots {
+    /// Its slot in group `g`'s reactor, if that group holds one of its lanes.
+    pub(crate) fn of(&self, g: GroupId) -> Option<PeerSlot> {
+        self.by_group.get(g.0).copied().flatten()
+    }
 }
 
 /// A peer's slots, shared (a thin pointer: ops carry it).

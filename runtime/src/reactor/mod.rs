@@ -20,7 +20,7 @@ mod testing;
 #[cfg(test)]
 mod tests;
 
-use crate::reactor::cmd::PeerSlot;
+use crate::reactor::cmd::{GroupId, PeerSlot};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -33,8 +33,8 @@ use crate::base::error::{Error, FailureClass, OpKind, TransportError};
 use crate::base::imm::ImmQueue;
 use crate::base::sched::{Chunk, SchedConfig, Scheduler};
 use crate::base::stats::Counters;
-use crate::base::transport::WrId;
 use crate::base::transport::{Access, Completion, LocalSeg, MemoryRegion, Transport, WrKind};
+use crate::base::transport::{RailId, WrId};
 use crate::buf::lease;
 use crate::reactor::cell::{Done, OpCell};
 use cmd::{Cmd, OpReq};
@@ -114,15 +114,15 @@ pub(crate) struct Reactor {
     /// Rails the transport spans.
     rails: usize,
     /// The host's index of each of the transport's rails (a rail group's share of them).
-    rail_ids: Vec<usize>,
-    /// This reactor's rail group (0: the one carrying messages).
-    group: u32,
+    rail_ids: Vec<RailId>,
+    /// This reactor's rail group (the first carries messages).
+    group: GroupId,
     /// How many rail groups the runtime has.
     groups: u32,
     /// Reactors of the runtime done draining at shutdown (shared by all its groups).
     drained: Arc<std::sync::atomic::AtomicUsize>,
     /// Our (host) rail of each open lane, indexed by lane id.
-    lane_rail: Vec<usize>,
+    lane_rail: Vec<RailId>,
     /// The provider's largest message (the runtime's `max_message` may be lower): receives
     /// post at most this much, as larger messages come by rendezvous.
     provider_max: usize,
@@ -185,14 +185,14 @@ impl Reactor {
             generation: 0,
             disconnected: false,
             rails: t.caps().rails.max(1),
-            rail_ids: (0..t.caps().rails.max(1)).collect(),
-            group: 0,
+            rail_ids: (0..t.caps().rails.max(1)).map(RailId).collect(),
+            group: GroupId::FIRST,
             groups: 1,
             drained: Arc::default(),
             lane_rail: Vec::new(),
             provider_max: t.caps().max_msg_size.max(1),
             rndv: rendezvous::Rendezvous::new(t.caps().provider.clone()),
-            audit: audit::Audit::new(t.caps().provider.clone(), 0, 1),
+            audit: audit::Audit::new(t.caps().provider.clone(), GroupId::FIRST, 1),
             turns: 0,
             silent_refusals: t.caps().silent_refusals,
             phase: Phase::Running,
@@ -239,12 +239,12 @@ impl Reactor {
     /// `drained`: shared by the runtime's reactors (see `shutdown`).
     pub(crate) fn set_group(
         &mut self,
-        group: usize,
+        group: GroupId,
         groups: usize,
-        rail_ids: Vec<usize>,
+        rail_ids: Vec<RailId>,
         drained: Arc<std::sync::atomic::AtomicUsize>,
     ) {
-        self.group = group as u32;
+        self.group = group;
         self.groups = groups.max(1) as u32;
         self.audit = audit::Audit::new(self.t.caps().provider.clone(), self.group, self.groups);
         self.drained = drained;

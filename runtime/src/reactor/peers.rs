@@ -13,7 +13,7 @@ use crate::base::control::Ctl;
 use crate::base::error::{Error, FailureClass, TransportError};
 use crate::base::sched::OpId;
 use crate::base::stats::Counters;
-use crate::base::transport::{LaneId, PeerAddr};
+use crate::base::transport::{LaneId, PeerAddr, RailId};
 
 pub(super) struct Peer {
     /// The peer runtime's id.
@@ -91,7 +91,7 @@ pub(super) struct Route {
     /// The peer's address on it (what `connect_lane` returned).
     pub addr: PeerAddr,
     /// The peer's rail it reaches (whose key a one-sided op on it must use).
-    pub peer_rail: usize,
+    pub peer_rail: RailId,
 }
 
 /// A count of events in a window of time, for rationing what a peer may ask or be asked.
@@ -147,7 +147,7 @@ impl Peer {
         let msg_lane = lane_ids[..1.min(lane_ids.len())].into();
         // Behind the express lane (place 0), where this group holds it, bulk rotates over the
         // others.
-        let express = lanes.first().is_some_and(|r| r.peer_rail == 0);
+        let express = lanes.first().is_some_and(|r| r.peer_rail == RailId(0));
         let bulk_lanes = if express && lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
         Peer {
             id,
@@ -196,7 +196,7 @@ impl Peer {
             return lanes;
         }
         let reach: Arc<[LaneId]> =
-            lanes.iter().copied().filter(|&l| self.route(l).peer_rail < keys).collect();
+            lanes.iter().copied().filter(|&l| self.route(l).peer_rail.0 < keys).collect();
         if reach.is_empty() {
             self.msg_lane.clone()
         } else {
@@ -208,11 +208,11 @@ impl Peer {
 /// The rail lane `i` of a connection runs on, at a side with `rails` rails: the first lane
 /// (messages, the express lane) on rail 0, the bulk lanes round robin over all rails. Both
 /// sides compute it, each with the other's rail count, so keys match lanes.
-pub(crate) fn rail_of(i: usize, rails: usize) -> usize {
+pub(crate) fn rail_of(i: usize, rails: usize) -> RailId {
     if i == 0 || rails <= 1 {
-        0
+        RailId(0)
     } else {
-        (i - 1) % rails
+        RailId((i - 1) % rails)
     }
 }
 
@@ -260,9 +260,9 @@ impl Reactor {
             match self.t.open_lane(rail) {
                 Ok((lane, name)) => {
                     if self.lane_rail.len() <= lane.index() {
-                        self.lane_rail.resize(lane.index() + 1, 0);
+                        self.lane_rail.resize(lane.index() + 1, RailId(0));
                     }
-                    self.lane_rail[lane.index()] = self.rail_ids.get(rail).copied().unwrap_or(rail);
+                    self.lane_rail[lane.index()] = self.rail_ids.get(rail).copied().unwrap_or(RailId(rail));
                     opened.push(OpenedLane { lane, name })
                 }
                 Err(e) => {

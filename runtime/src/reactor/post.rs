@@ -15,7 +15,7 @@ use crate::base::remote::RemoteBuf;
 use crate::base::sched::{Chunk, Class, OpDone, OpId, OpSpec, Scheduler};
 use crate::base::stats::Counters;
 use crate::base::transport::WrId;
-use crate::base::transport::{Access, LocalSeg, PostError, Posted, WorkRequest, WrKind};
+use crate::base::transport::{Access, LocalSeg, PostError, Posted, RailId, WorkRequest, WrKind};
 use crate::buf::lease;
 
 /// What became of an op posted at once ([`Reactor::post_at_once`]).
@@ -33,7 +33,7 @@ fn piece(
     req: &OpReq,
     offset: usize,
     len: usize,
-    peer_rail: usize,
+    peer_rail: RailId,
     segs: &mut [LocalSeg; MAX_SGE],
 ) -> (WrKind, usize) {
     let (remote_off, n) = match &req.batch {
@@ -44,7 +44,7 @@ fn piece(
         }
     };
     let rail_key = |key: u64| match (&req.rail_keys, peer_rail) {
-        (Some(keys), r) if r > 0 => keys.get(r - 1).copied().unwrap_or(key),
+        (Some(keys), RailId(r)) if r > 0 => keys.get(r - 1).copied().unwrap_or(key),
         _ => key,
     };
     // A plain write split with an immediate value: only the piece that ends it carries it.
@@ -254,8 +254,10 @@ impl Reactor {
             match lease::post(self.t.as_mut(), &wr) {
                 Ok(Posted::Queued) => {
                     Counters::add(&self.counters.posted);
-                    self.counters
-                        .add_rail_bytes(self.lane_rail.get(c.lane.index()).copied().unwrap_or(0), c.len);
+                    self.counters.add_rail_bytes(
+                        self.lane_rail.get(c.lane.index()).copied().unwrap_or_default(),
+                        c.len,
+                    );
                     let (cell, peer, op, seg) = (h.req.cell.clone(), h.req.peer, h.req.op, h.req.seg);
                     entry.insert(InFlight { id, cell, peer, op, chunk: Some(c), seg, kind });
                     if let Some(h) = self.held[c.op.0].as_mut() {
@@ -425,7 +427,7 @@ impl Reactor {
         // The keys of the host's rails 0, 1, ... this reactor's transport spans: a descriptor
         // names rails by host index, and the other rail groups' transports know nothing of
         // this registration.
-        let prefix = self.rail_ids.iter().enumerate().take_while(|&(i, &r)| i == r).count().max(1);
+        let prefix = self.rail_ids.iter().enumerate().take_while(|&(i, r)| i == r.0).count().max(1);
         let keys: Vec<u64> =
             std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).take(prefix).collect();
         let desc = RemoteBuf::new(0, mr.remote_base, len as u64, &keys, Access::READ);

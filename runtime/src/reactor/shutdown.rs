@@ -3,6 +3,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::cmd::Cmd;
+use super::cmd::GroupId;
 use super::Reactor;
 use crate::base::control::Ctl;
 use crate::base::error::Error;
@@ -89,7 +90,7 @@ impl Reactor {
                 // once every group has drained: a peer told early would fail the ops the
                 // others still drain.
                 let others = self.drained.load(Ordering::Acquire) < self.groups as usize;
-                if self.group == 0 && others && now < deadline {
+                if self.group == GroupId::FIRST && others && now < deadline {
                     return false;
                 }
                 self.part();
@@ -105,7 +106,7 @@ impl Reactor {
         // Told, the peers close their lanes to us as we close ours (on shm in one process,
         // ours wait for theirs: see rdmalane-efa's shm_peers).
         let slots = self.peers.slots();
-        if self.group == 0 {
+        if self.group == GroupId::FIRST {
             for &slot in &slots {
                 if self.peers[slot].lost().is_none() {
                     self.tell(slot, Ctl::Goodbye { reason: "its runtime shut down".into() });

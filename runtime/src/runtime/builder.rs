@@ -14,9 +14,10 @@ use crate::base::imm::ImmQueue;
 use crate::base::refusal::RefusalCounters;
 use crate::base::sched::SchedConfig;
 use crate::base::stats::Counters;
-use crate::base::transport::{Backend, Caps, TransportConfig};
+use crate::base::transport::{Backend, Caps, RailId, TransportConfig};
 use crate::driver::inline::Slot;
 use crate::driver::thread::{self, IdlePolicy};
+use crate::reactor::cmd::GroupId;
 use crate::reactor::{Idle, Reactor};
 
 /// Configures and builds a [`Runtime`]. One rule decides each setting: what is set here beats
@@ -297,7 +298,8 @@ impl Builder {
             let mine = counters[g].clone();
             let mut reactor = Reactor::new(transport, rx, imm.clone(), mine, idle.clone(), sched.clone());
             reactor.set_peer_timeout(peer_timeout);
-            reactor.set_group(g, groups.len(), rails.clone(), drained.clone());
+            let rail_ids: Vec<RailId> = rails.iter().copied().map(RailId).collect();
+            reactor.set_group(GroupId(g), groups.len(), rail_ids.clone(), drained.clone());
             let (thread, thread_id) =
                 match self.driver {
                     Driver::Inline => {
@@ -326,7 +328,7 @@ impl Builder {
                 notifier,
                 thread: Mutex::new(thread),
                 thread_id,
-                rails: rails.clone(),
+                rails: rail_ids,
                 core,
             });
         }

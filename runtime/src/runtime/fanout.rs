@@ -9,7 +9,7 @@ use crate::base::sched::Class;
 use crate::base::transport::{LocalSeg, WrKind};
 use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::OpReq;
-use crate::reactor::cmd::PeerSlot;
+use crate::reactor::cmd::{GroupId, PeerSlot};
 
 /// Parts are cut on multiples of this many bytes where the op is larger.
 const ALIGN: usize = 4096;
@@ -38,7 +38,7 @@ pub(crate) fn shares(len: usize, weights: &[usize]) -> Vec<(usize, usize)> {
 
 /// One group's share of an op.
 struct Share {
-    group: usize,
+    group: GroupId,
     /// The index of its first batch piece in the whole batch (0 for a plain op).
     first_piece: usize,
     /// Its pieces, for a batch.
@@ -50,7 +50,7 @@ struct Share {
 /// Cut `req` into one part per group with a share of it (see [`shares`]): `slots` are the
 /// peer's slots in each group, `weights` the groups' rails reaching it. Returns each part
 /// with its group; a part's descriptor is still the runtime's (the caller names the group's).
-pub(crate) fn split(req: OpReq, slots: &[Option<PeerSlot>], weights: &[usize]) -> Vec<(usize, OpReq)> {
+pub(crate) fn split(req: OpReq, slots: &[Option<PeerSlot>], weights: &[usize]) -> Vec<(GroupId, OpReq)> {
     let bytes = shares(req.len(), weights);
     let mut plan: Vec<Share> = Vec::new();
     match &req.batch {
@@ -59,7 +59,7 @@ pub(crate) fn split(req: OpReq, slots: &[Option<PeerSlot>], weights: &[usize]) -
             for (g, part) in layout.split(&lens).into_iter().enumerate() {
                 if let Some((first, l)) = part {
                     plan.push(Share {
-                        group: g,
+                        group: GroupId(g),
                         first_piece: first,
                         batch: Some(Arc::new(l)),
                         range: (0, 0),
@@ -70,14 +70,14 @@ pub(crate) fn split(req: OpReq, slots: &[Option<PeerSlot>], weights: &[usize]) -
         None => {
             for (g, &(off, n)) in bytes.iter().enumerate() {
                 if n > 0 {
-                    plan.push(Share { group: g, first_piece: 0, batch: None, range: (off, n) });
+                    plan.push(Share { group: GroupId(g), first_piece: 0, batch: None, range: (off, n) });
                 }
             }
         }
     }
     if plan.len() < 2 {
-        let g = plan.first().map_or(0, |p| p.group);
-        return vec![(g, OpReq { peer: slots[g].unwrap_or(req.peer), ..req })];
+        let g = plan.first().map_or(GroupId::FIRST, |p| p.group);
+        return vec![(g, OpReq { peer: slots[g.0].unwrap_or(req.peer), ..req })];
     }
     let firsts: Vec<usize> = plan.iter().map(|p| p.first_piece).collect();
     let cells = OpCell::fan_out(&req.cell, &firsts);
@@ -93,7 +93,7 @@ pub(crate) fn split(req: OpReq, slots: &[Option<PeerSlot>], weights: &[usize]) -
             };
             let part = OpReq {
                 // A group in the plan has a share, so it holds the peer.
-                peer: slots[g].unwrap_or(req.peer),
+                peer: slots[g.0].unwrap_or(req.peer),
                 peer_id: req.peer_id,
                 op: req.op,
                 kind,

@@ -15,7 +15,7 @@ use crate::base::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::base::refusal::RefusalCounters;
 use crate::base::sched::TenantId;
 use crate::base::stats::{Counters, Stats};
-use crate::base::transport::{Access, Caps, LaneId, LocalSeg, MemoryRegion, Notify};
+use crate::base::transport::{Access, Caps, LaneId, LocalSeg, MemoryRegion, Notify, RailId};
 use crate::driver::inline::{self, with_held, Slot};
 use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::{Cmd, Draft, OpReq, PeerLane};
@@ -54,7 +54,7 @@ struct Group {
     thread: Mutex<Option<JoinHandle<()>>>,
     thread_id: Option<ThreadId>,
     /// The host rails its transport spans.
-    rails: Vec<usize>,
+    rails: Vec<RailId>,
     /// The core its thread is pinned to.
     core: Option<usize>,
 }
@@ -278,7 +278,7 @@ impl Runtime {
     /// The rail groups, one reactor each: the host rails each drives and the core its thread
     /// is pinned to (`None`: unpinned, or driven inline).
     pub fn rail_groups(&self) -> Vec<(Vec<usize>, Option<usize>)> {
-        self.inner.groups.iter().map(|g| (g.rails.clone(), g.core)).collect()
+        self.inner.groups.iter().map(|g| (g.rails.iter().map(|r| r.0).collect(), g.core)).collect()
     }
 
     /// A snapshot of the op counters.
@@ -360,14 +360,14 @@ impl Runtime {
 
     /// Run a control command on the first group's reactor and wait for its reply.
     fn call<T>(&self, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
-        self.call_on(0, op, make)
+        self.call_on(GroupId::FIRST, op, make)
     }
 
     /// Run a control command on group `g`'s reactor and wait for its reply.
-    fn call_on<T>(&self, g: usize, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
+    fn call_on<T>(&self, g: GroupId, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
         let (reply, rx) = mpsc::sync_channel(1);
         let cmd = make(reply);
-        if self.inner.groups[g].send(cmd).is_err() {
+        if self.group(g).send(cmd).is_err() {
             return Err(Error::Shutdown { op });
         }
         loop {
@@ -410,7 +410,7 @@ impl Runtime {
         let mut regs: GroupRegs = Vec::with_capacity(self.inner.groups.len());
         let mut base = None;
         let mut failure = None;
-        for (g, group) in self.inner.groups.iter().enumerate() {
+        for (g, group) in self.groups() {
             let res = self
                 .call_on(g, op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })
                 .and_then(|r| r.map_err(|e| Error::from_transport(op, "-", e)));
@@ -418,7 +418,7 @@ impl Runtime {
                 Ok(mr) if base.is_none_or(|b| b == mr.remote_base) => {
                     base = Some(mr.remote_base);
                     let group_keys = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied());
-                    for (&rail, key) in group.rails.iter().zip(group_keys) {
+                    for (&RailId(rail), key) in group.rails.iter().zip(group_keys) {
                         keys[rail] = key;
                     }
                     regs.push(GroupReg { id: mr.id, desc: mr.desc });
@@ -436,8 +436,8 @@ impl Runtime {
             }
         }
         if let Some(e) = failure {
-            for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
-                let _ = self.inner.groups[g].send(Cmd::Deregister { id, keep: None, reply: None });
+            for (group, GroupReg { id, .. }) in self.inner.groups.iter().zip(regs) {
+                let _ = group.send(Cmd::Deregister { id, keep: None, reply: None });
             }
             return Err(e);
         }
@@ -463,9 +463,9 @@ impl Runtime {
     }
 
     /// Group `g`'s descriptor for the runtime's descriptor `desc` (several groups).
-    fn group_desc(&self, desc: usize, g: usize) -> usize {
+    fn group_desc(&self, desc: usize, g: GroupId) -> usize {
         let regs = self.inner.regs.read().unwrap_or_else(|p| p.into_inner());
-        regs.get(desc).and_then(|r| r.get(g)).map_or(0, |r| r.desc)
+        regs.get(desc).and_then(|r| r.get(g.0)).map_or(0, |r| r.desc)
     }
 
     /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration
@@ -474,9 +474,9 @@ impl Runtime {
         if self.inner.groups.len() > 1 {
             let Some(regs) = self.take_group_regs(id) else { return };
             let keep = keep.map(|k| Arc::new(Mutex::new(k)));
-            for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
+            for (group, GroupReg { id, .. }) in self.inner.groups.iter().zip(regs) {
                 let keep = keep.clone().map(|k| Box::new(k) as Box<dyn std::any::Any + Send>);
-                let _ = self.inner.groups[g].send(Cmd::Deregister { id, keep, reply: None });
+                let _ = group.send(Cmd::Deregister { id, keep, reply: None });
             }
             return;
         }
@@ -494,7 +494,11 @@ impl Runtime {
         let mut first = Ok(());
         for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
             let res = self
-                .call_on(g, OpKind::Expose, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })
+                .call_on(GroupId(g), OpKind::Expose, |reply| Cmd::Deregister {
+                    id,
+                    keep: None,
+                    reply: Some(reply),
+                })
                 .and_then(|r| r.map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e)));
             if first.is_ok() {
                 first = res;
@@ -503,25 +507,34 @@ impl Runtime {
         first
     }
 
-    /// The group serving each host rail.
-    fn group_of_rail(&self, rail: usize) -> (usize, usize) {
-        for (g, group) in self.inner.groups.iter().enumerate() {
+    /// Rail group `g`.
+    fn group(&self, g: GroupId) -> &Group {
+        &self.inner.groups[g.0]
+    }
+
+    /// The rail groups, with their ids.
+    fn groups(&self) -> impl Iterator<Item = (GroupId, &Group)> {
+        self.inner.groups.iter().enumerate().map(|(g, group)| (GroupId(g), group))
+    }
+
+    /// The group serving a host rail, and the rail's index in that group's transport.
+    fn group_of_rail(&self, rail: RailId) -> (GroupId, usize) {
+        for (g, group) in self.groups() {
             if let Some(local) = group.rails.iter().position(|&r| r == rail) {
                 return (g, local);
             }
         }
-        (0, 0)
+        (GroupId::FIRST, 0)
     }
 
     /// Open `n` lanes for a new peer: lane i on rail `rail_of(i, rails)`, by that rail's group.
     /// Returns them in lane order with their addresses.
     pub(crate) fn open_lanes(&self, peer: &str, n: usize) -> Result<Vec<(Lane, Vec<u8>)>> {
-        let groups = self.inner.groups.len();
         let rails = self.inner.caps.rails;
-        let at: Vec<(usize, usize)> = (0..n).map(|i| self.group_of_rail(rail_of(i, rails))).collect();
+        let at: Vec<(GroupId, usize)> = (0..n).map(|i| self.group_of_rail(rail_of(i, rails))).collect();
         let mut out: Vec<Option<(Lane, Vec<u8>)>> = vec![None; n];
         let mut failure = None;
-        for g in 0..groups {
+        for (g, _) in self.groups() {
             let local: Vec<usize> = at.iter().filter(|(x, _)| *x == g).map(|&(_, r)| r).collect();
             if local.is_empty() {
                 continue;
@@ -564,7 +577,7 @@ impl Runtime {
         ctl: UnboundedSender<Ctl>,
     ) -> Result<Slots> {
         let mut slots: Vec<Option<PeerSlot>> = vec![None; self.inner.groups.len()];
-        for g in 0..self.inner.groups.len() {
+        for (g, _) in self.groups() {
             let mine: Vec<PeerLane> = (0..lanes.len())
                 .filter(|&i| lanes[i].group == g)
                 .map(|i| PeerLane { lane: lanes[i].lane, peer_name: names[i].clone(), place: i })
@@ -584,7 +597,7 @@ impl Runtime {
                 })
                 .and_then(|r| r.map_err(|e| Error::from_transport(OpKind::Connect, &label, e)));
             match res {
-                Ok(slot) => slots[g] = Some(slot),
+                Ok(slot) => slots[g.0] = Some(slot),
                 Err(e) => {
                     // Undo: the groups done lose the peer (closing its lanes), the others'
                     // lanes close (this group's failed add closed its own).
@@ -607,10 +620,10 @@ impl Runtime {
     }
 
     pub(crate) fn close_lanes(&self, lanes: Vec<Lane>) {
-        for g in 0..self.inner.groups.len() {
+        for (g, group) in self.groups() {
             let mine: Vec<LaneId> = lanes.iter().filter(|l| l.group == g).map(|l| l.lane).collect();
             if !mine.is_empty() {
-                let _ = self.inner.groups[g].send(Cmd::CloseLanes { lanes: mine });
+                let _ = group.send(Cmd::CloseLanes { lanes: mine });
             }
         }
     }
@@ -625,9 +638,9 @@ impl Runtime {
 
     /// Send `make(slot)` to each group's reactor that holds the peer.
     fn each_slot(&self, slots: &[Option<PeerSlot>], mut make: impl FnMut(PeerSlot) -> Cmd) {
-        for (g, slot) in slots.iter().enumerate() {
+        for (group, slot) in self.inner.groups.iter().zip(slots) {
             if let Some(slot) = *slot {
-                let _ = self.inner.groups[g].send(make(slot));
+                let _ = group.send(make(slot));
             }
         }
     }
@@ -645,11 +658,11 @@ impl Runtime {
                     msg: msg.clone(),
                 });
             }
-            Ctl::Verdict { token, .. } => (*token >> crate::reactor::TOKEN_GROUP_SHIFT) as usize,
-            _ => 0,
+            Ctl::Verdict { token, .. } => GroupId((*token >> crate::reactor::TOKEN_GROUP_SHIFT) as usize),
+            _ => GroupId::FIRST,
         };
-        if let Some(slot) = slots.by_group.get(to).copied().flatten() {
-            let _ = self.inner.groups[to].send(Cmd::Control { slot, peer_id, msg });
+        if let Some(slot) = slots.of(to) {
+            let _ = self.group(to).send(Cmd::Control { slot, peer_id, msg });
         }
     }
 
@@ -661,7 +674,7 @@ impl Runtime {
             req.len() >= self.inner.fan_min && req.class != Some(crate::base::sched::Class::Latency)
         });
         let Some(slots) = fan else {
-            return self.submit_to(0, req);
+            return self.submit_to(GroupId::FIRST, req);
         };
         let weights: Vec<usize> = self
             .inner
@@ -676,9 +689,9 @@ impl Runtime {
     }
 
     /// Hand an op (or a part) to group `g`'s reactor, naming the group's own descriptor.
-    fn submit_to(&self, g: usize, mut req: OpReq) {
+    fn submit_to(&self, g: GroupId, mut req: OpReq) {
         req.seg.desc = self.group_desc(req.seg.desc, g);
-        if let Err(Cmd::Op(req)) = self.inner.groups[g].send(Cmd::Op(req)) {
+        if let Err(Cmd::Op(req)) = self.group(g).send(Cmd::Op(req)) {
             Counters::add_shared(&self.inner.counters[0].rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
         }
@@ -689,13 +702,13 @@ impl Runtime {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Lane {
     /// The rail group whose reactor owns it.
-    pub group: usize,
+    pub group: GroupId,
     /// Its id in that group's transport.
     pub lane: LaneId,
 }
 
 pub(crate) use crate::reactor::cmd::Slots;
-use crate::reactor::cmd::{PeerSlot, PeerSlots};
+use crate::reactor::cmd::{GroupId, PeerSlot, PeerSlots};
 
 /// A [`Runtime`] handle that does not keep it alive.
 #[derive(Clone, Debug)]
