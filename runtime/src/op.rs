@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use crate::base::error::{BufResult, Error};
 use crate::base::sched::{Class, TenantId};
 use crate::buf::IoBuf;
+use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline;
 use crate::reactor::cell::{Done, OpCell};
 use crate::reactor::cmd::Draft;
@@ -29,8 +30,9 @@ enum Inner {
     /// Handed to the reactor. Only the runtime's id is kept (to turn its reactor from here
     /// where this thread's inline driver holds it): the handle went with the request, let go
     /// of once the op was posted, off the latency path. (The op's buffer keeps the runtime
-    /// alive where it is a registered buffer.)
-    Pending(u64, Arc<OpCell>),
+    /// alive where it is a registered buffer.) With how long a poll may watch for the outcome
+    /// before parking (`driver::handoff`).
+    Pending(u64, Arc<OpCell>, AwaitSpin),
 }
 
 /// An operation. Nothing happens until it is first polled (then it is handed to the reactor,
@@ -87,6 +89,7 @@ impl<B: IoBuf> Op<B> {
         let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return };
         // Moved out, not cloned: each Arc clone and drop is an atomic on the hot path.
         if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
+            let spin = rt.await_spin_for(draft.class, seg.len);
             // On the thread holding the reactor, an op it would post straight away is posted
             // now, with no cell unless it stays in flight (a small send usually finishes as it
             // is posted). Nothing runs between the post and setting the state below that could
@@ -97,7 +100,7 @@ impl<B: IoBuf> Op<B> {
                     return;
                 }
                 Ok(AtOnce::InFlight(cell)) => {
-                    self.inner = Inner::Pending(rt.id(), cell);
+                    self.inner = Inner::Pending(rt.id(), cell, spin);
                     return;
                 }
                 Err(draft) => draft,
@@ -105,8 +108,8 @@ impl<B: IoBuf> Op<B> {
             // Pending before the reactor sees it: should anything in `submit` (another op's
             // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
             let cell = OpCell::new();
-            self.inner = Inner::Pending(rt.id(), cell.clone());
-            if let Inner::Pending(_, mine) = &self.inner {
+            self.inner = Inner::Pending(rt.id(), cell.clone(), spin);
+            if let Inner::Pending(_, mine, _) = &self.inner {
                 rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
             }
         }
@@ -118,7 +121,7 @@ impl<B: IoBuf> Op<B> {
 
     /// The outcome of a submitted op, if it is in: looked at before an inline turn, after it,
     /// and when registering how to be woken (a completion may land in between).
-    fn outcome(cell: &OpCell, rt: u64, cx: &mut Context<'_>) -> Option<Result<Done, Error>> {
+    fn outcome(cell: &OpCell, rt: u64, spin: AwaitSpin, cx: &mut Context<'_>) -> Option<Result<Done, Error>> {
         if let Some(o) = cell.outcome() {
             return Some(o);
         }
@@ -133,7 +136,23 @@ impl<B: IoBuf> Op<B> {
         }
         // Awaited directly by the inline driver of this thread: it polls again when a parked
         // op completes, so no waker is stored or woken.
-        let done = if inline::drives_here(rt, cx) { cell.park() } else { cell.register(cx.waker()) };
+        if inline::drives_here(rt, cx) {
+            return if cell.park() { cell.outcome() } else { None };
+        }
+        // A reactor thread completes it: a latency-class op watches for that a little before
+        // its task parks (see `handoff`).
+        if handoff::spin_until_done(cell, spin) {
+            if handoff::may_take() {
+                return cell.outcome();
+            }
+            // A long run of ops that never waited: let what the task is joined with run.
+            cx.waker().wake_by_ref();
+            return None;
+        }
+        if !spin.is_off() {
+            handoff::waits();
+        }
+        let done = cell.register(cx.waker());
         if done {
             cell.outcome()
         } else {
@@ -158,13 +177,13 @@ impl<B: IoBuf> Future for Op<B> {
         let out = match &mut this.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
-            Inner::Pending(rt, cell) => match Self::outcome(cell, *rt, cx) {
+            Inner::Pending(rt, cell, spin) => match Self::outcome(cell, *rt, *spin, cx) {
                 Some(o) => o.map(|d| d.len),
                 None => return Poll::Pending,
             },
         };
         // Let go of the cell now: the op is over.
-        if let Inner::Pending(_, cell) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
+        if let Inner::Pending(_, cell, _) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
             OpCell::recycle(cell);
         }
         let buf = this.buf.take().expect("Op polled after completion");
@@ -176,7 +195,7 @@ impl<B: IoBuf> Drop for Op<B> {
     fn drop(&mut self) {
         // Posted and not completed: the memory may still be in the NIC's hands. The reactor's
         // reference keeps the cell, and now the buffer with it, until the completion arrives.
-        if let (Inner::Pending(_, cell), Some(buf)) = (&self.inner, self.buf.take()) {
+        if let (Inner::Pending(_, cell, _), Some(buf)) = (&self.inner, self.buf.take()) {
             if !cell.is_done() {
                 cell.orphan(Box::new(buf));
                 cell.abandon();

@@ -13,9 +13,10 @@ use crate::base::control::Ctl;
 use crate::base::error::{Error, OpKind, Result, TransportError};
 use crate::base::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::base::refusal::RefusalCounters;
-use crate::base::sched::TenantId;
+use crate::base::sched::{Class, TenantId};
 use crate::base::stats::{Counters, Stats};
 use crate::base::transport::{Access, Caps, LaneId, LocalSeg, MemoryRegion, Notify, RailId};
+use crate::driver::handoff::AwaitSpin;
 use crate::driver::inline::{self, with_held, Slot};
 use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::{Cmd, Draft, OpReq, PeerLane};
@@ -116,6 +117,10 @@ struct Inner {
     regs: std::sync::RwLock<Slab<GroupRegs>>,
     /// Bulk one-sided ops of at least this many bytes are split across the groups.
     fan_min: usize,
+    /// How long a latency-class op's poll watches for its completion (thread driver).
+    await_spin: AwaitSpin,
+    /// Ops of at most this many bytes are latency-class unless told otherwise.
+    latency_threshold: usize,
     imm: Arc<ImmQueue>,
     /// Each group's reactor's; the first also counts what other threads count.
     counters: Vec<Arc<Counters>>,
@@ -300,6 +305,20 @@ impl Runtime {
         match &self.inner.inline {
             Some(slot) => inline::block_on(slot, self.inner.id, &self.inner.groups[0].idle, fut),
             None => inline::block_on_elsewhere(fut),
+        }
+    }
+
+    /// How long the poll of an op of class `class` (or of `len` bytes, unclassed) may watch
+    /// for its completion before parking: latency-class ops only.
+    pub(crate) fn await_spin_for(&self, class: Option<Class>, len: usize) -> AwaitSpin {
+        let latency = match class {
+            Some(c) => c == Class::Latency,
+            None => len <= self.inner.latency_threshold,
+        };
+        if latency {
+            self.inner.await_spin
+        } else {
+            AwaitSpin::OFF
         }
     }
 

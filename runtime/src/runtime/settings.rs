@@ -20,6 +20,7 @@ pub(crate) struct Settings {
     pub rail_groups: Option<Vec<Vec<usize>>>,
     pub trust_local_peers: Option<bool>,
     pub poll_spacing: Option<Duration>,
+    pub await_spin: Option<Duration>,
     pub mr_cache_bytes: Option<usize>,
     pub max_message: Option<usize>,
     pub peer_timeout: Option<Duration>,
@@ -50,6 +51,9 @@ pub(crate) struct Resolved {
     pub rail_groups: RailGroups,
     pub trust_local_peers: bool,
     pub poll_spacing: Option<Duration>,
+    /// How long a latency-class op's poll watches for its completion before parking; `None`:
+    /// by the host's cores (`driver::handoff::default_budget`).
+    pub await_spin: Option<Duration>,
     pub mr_cache_bytes: usize,
     pub max_message: Option<usize>,
     pub peer_timeout: Duration,
@@ -100,6 +104,9 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
             .map(Duration::from_millis);
     let poll_spacing_env = vars::poll_spacing(var("RDMALANE_POLL_SPACING_NS"))?;
     let trust_env = vars::trust_local_peers(var("RDMALANE_TRUST_LOCAL_PEERS"))?;
+    let await_spin_env =
+        parse::<u64>("RDMALANE_AWAIT_SPIN_US", var("RDMALANE_AWAIT_SPIN_US"), "microseconds")?
+            .map(Duration::from_micros);
     let sched = match &s.sched {
         Some(c) => c.clone(),
         None => SchedConfig::from_vars(&var)?,
@@ -113,6 +120,7 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         rail_groups,
         trust_local_peers: pick(s.trust_local_peers, trust_env, false),
         poll_spacing: s.poll_spacing.or(poll_spacing_env),
+        await_spin: s.await_spin.or(await_spin_env),
         mr_cache_bytes: pick(s.mr_cache_bytes, num("RDMALANE_MR_CACHE_BYTES")?, MR_CACHE_BYTES),
         max_message,
         peer_timeout: pick(s.peer_timeout, peer_timeout_env, PEER_TIMEOUT).max(PEER_TIMEOUT_MIN),
@@ -234,6 +242,17 @@ mod tests {
             |s| s.poll_spacing = ns(0),
             |r| r.poll_spacing,
             (None, ns(500), ns(0)),
+        );
+    }
+
+    #[test]
+    fn await_spin() {
+        let us = |n| Some(Duration::from_micros(n));
+        rule(
+            ("RDMALANE_AWAIT_SPIN_US", "20"),
+            |s| s.await_spin = us(0),
+            |r| r.await_spin,
+            (None, us(20), us(0)),
         );
     }
 

@@ -1,0 +1,215 @@
+//! How a task waits for the reactor thread: the hand-off of a completion. Woken the ordinary
+//! way, a task costs a wake-up through its executor (a futex and a scheduler round trip, about
+//! 5 to 10 µs, on tokio and on `block_on` alike); a latency-class op is usually done within a
+//! few microseconds of being awaited, so its poll first watches the op's cell for a short while
+//! (an `AwaitSpin`), which costs a cache line crossing when the completion comes in time.
+//!
+//! Spinning holds the polling thread, so it is bounded twice: by the budget per poll, and per
+//! thread by a back-off: a spin that ends without the outcome (a receive waiting for a request
+//! that is not coming) makes the thread's next spins skip, for a number of polls that doubles
+//! with each miss (up to [`SKIP_MAX`]) and goes back to none with the first hit. A server with
+//! a thousand idle receives thus pays for one spin, not a thousand.
+//!
+//! An op that spins to its outcome never makes its task wait, so a loop of them (a ping-pong
+//! joined with a bulk stream in one task) would run without end inside one poll, starving what
+//! it is joined with: measured on shm, the stream beside such a loop fell from 51 to 6 Gb/s.
+//! So after [`RUN_MAX`] outcomes in a row taken by spinning, with no wait in between, the next
+//! one yields once (wakes its task and returns pending, its outcome kept in the cell for the
+//! next poll), as tokio's cooperative budget makes its own resources yield.
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use crate::reactor::cell::OpCell;
+
+/// The most polls a thread skips spinning after misses.
+pub(crate) const SKIP_MAX: u32 = 64;
+
+/// Outcomes a thread takes by spinning in a row before the next one yields.
+pub(crate) const RUN_MAX: u32 = 16;
+
+/// The spin budget where the host has cores to spare (see `default_budget`).
+pub(crate) const DEFAULT_BUDGET: Duration = Duration::from_micros(50);
+
+/// Fewer cores than this, and no spin by default: the reactor thread busy-polls one of them,
+/// and a spinning task would take the other from the peers and tasks that share it.
+pub(crate) const MIN_CORES: usize = 4;
+
+/// How long a latency-class op's poll may watch its cell before it parks, in nanoseconds (0:
+/// not at all). Kept small: ops carry it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct AwaitSpin(u32);
+
+impl AwaitSpin {
+    /// No spinning.
+    pub(crate) const OFF: AwaitSpin = AwaitSpin(0);
+
+    /// Spin up to `d` (at most about 4 s).
+    pub(crate) fn new(d: Duration) -> AwaitSpin {
+        AwaitSpin(d.as_nanos().min(u32::MAX as u128) as u32)
+    }
+
+    pub(crate) fn is_off(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The budget as a duration.
+    pub(crate) fn budget(self) -> Duration {
+        Duration::from_nanos(self.0 as u64)
+    }
+}
+
+/// The default for a thread-driven runtime on a host of `cores` cores: [`DEFAULT_BUDGET`] with
+/// cores to spare, none on a small machine.
+pub(crate) fn default_budget(cores: usize) -> Duration {
+    if cores >= MIN_CORES {
+        DEFAULT_BUDGET
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// A thread's spin back-off.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Backoff {
+    /// Polls still to skip.
+    skip: u32,
+    /// Polls to skip after the next miss.
+    next: u32,
+}
+
+impl Backoff {
+    /// May this poll spin? (Counts a skipped one.)
+    fn allow(&mut self) -> bool {
+        if self.skip == 0 {
+            return true;
+        }
+        self.skip -= 1;
+        false
+    }
+
+    fn hit(&mut self) {
+        *self = Backoff::default();
+    }
+
+    fn miss(&mut self) {
+        self.next = (self.next * 2).clamp(1, SKIP_MAX);
+        self.skip = self.next;
+    }
+}
+
+thread_local! {
+    static BACKOFF: Cell<Backoff> = const { Cell::new(Backoff { skip: 0, next: 0 }) };
+    /// Outcomes taken by spinning since this thread's task last waited.
+    static RUN: Cell<u32> = const { Cell::new(0) };
+}
+
+/// An op spun to its outcome: may its poll take it now? False once every [`RUN_MAX`] in a
+/// row: then its task should yield once first.
+pub(crate) fn may_take() -> bool {
+    let n = RUN.get() + 1;
+    if n >= RUN_MAX {
+        RUN.set(0);
+        false
+    } else {
+        RUN.set(n);
+        true
+    }
+}
+
+/// The polling task is about to wait for a wake-up: its run of spun outcomes is over.
+pub(crate) fn waits() {
+    RUN.set(0);
+}
+
+/// Watch `cell` for its outcome for up to `spin`, unless this thread is backing off; true if
+/// the outcome is in.
+pub(crate) fn spin_until_done(cell: &OpCell, spin: AwaitSpin) -> bool {
+    if spin.is_off() {
+        return false;
+    }
+    let mut b = BACKOFF.get();
+    if !b.allow() {
+        BACKOFF.set(b);
+        return false;
+    }
+    let done = watch(|| cell.is_done(), spin.budget());
+    if done {
+        b.hit();
+    } else {
+        b.miss();
+    }
+    BACKOFF.set(b);
+    done
+}
+
+/// Call `done` until it says so or `budget` has passed; looks at the clock every 64 calls.
+fn watch(mut done: impl FnMut() -> bool, budget: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= budget {
+            return done();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reactor::cell::Done;
+
+    #[test]
+    fn misses_back_off_doubling_to_the_cap_and_a_hit_resets() {
+        let mut b = Backoff::default();
+        assert!(b.allow(), "a fresh thread spins");
+        let mut skipped = Vec::new();
+        for _ in 0..9 {
+            b.miss();
+            let n = std::iter::from_fn(|| (!b.allow()).then_some(())).count();
+            skipped.push(n as u32);
+        }
+        assert_eq!(skipped, vec![1, 2, 4, 8, 16, 32, 64, 64, 64]);
+        b.miss();
+        b.hit();
+        assert!(b.allow(), "a hit ends the back-off");
+    }
+
+    #[test]
+    fn a_spin_sees_an_outcome_that_is_in_and_gives_up_in_time_on_one_that_is_not() {
+        let cell = OpCell::new();
+        let t0 = Instant::now();
+        assert!(!spin_until_done(&cell, AwaitSpin::new(Duration::from_millis(2))));
+        assert!(t0.elapsed() >= Duration::from_millis(2), "it spins its budget");
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        // The miss makes the next poll skip at once.
+        let t1 = Instant::now();
+        assert!(!spin_until_done(&cell, AwaitSpin::new(Duration::from_secs(5))));
+        assert!(t1.elapsed() < Duration::from_millis(100), "a backed-off thread does not spin");
+        cell.complete(Ok(Done { len: 1, imm: None }));
+        assert!(spin_until_done(&cell, AwaitSpin::new(Duration::from_millis(1))));
+        assert!(!spin_until_done(&OpCell::new(), AwaitSpin::OFF), "off never spins");
+    }
+
+    #[test]
+    fn every_run_of_spun_outcomes_yields_once_and_a_wait_starts_a_new_run() {
+        let taken = (0..RUN_MAX * 2).filter(|_| may_take()).count() as u32;
+        assert_eq!(taken, RUN_MAX * 2 - 2, "one yield per run of {RUN_MAX}");
+        for _ in 0..RUN_MAX - 2 {
+            assert!(may_take());
+        }
+        waits();
+        assert!((0..RUN_MAX - 1).all(|_| may_take()), "a wait resets the run");
+        assert!(!may_take());
+    }
+
+    #[test]
+    fn the_default_spins_only_with_cores_to_spare() {
+        assert_eq!(default_budget(2), Duration::ZERO);
+        assert_eq!(default_budget(16), DEFAULT_BUDGET);
+    }
+}
