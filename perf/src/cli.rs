@@ -109,6 +109,22 @@ pub enum LatOp {
     Send,
     /// One-sided writes, each side polling its memory for the peer's, as ib_write_lat.
     Write,
+    /// One awaited write at a time: submit, then wait for its completion (as perftest's
+    /// `ib_write_bw -t 1` posts); the figure is the whole submit-to-completion time, not half
+    /// a round trip. What an application that awaits each `write_remote` gets.
+    WriteAwait,
+}
+
+/// What runs the benchmark's future on the runtime side (the thread driver's hand-off is the
+/// executor's wake-up; the inline driver polls in `Runtime::block_on` whatever this says).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Executor {
+    /// `Runtime::block_on` (with the thread driver: a plain parking `block_on`).
+    BlockOn,
+    /// A current-thread tokio runtime's `block_on`.
+    TokioCurrent,
+    /// A multi-thread tokio runtime's `block_on`, as `#[tokio::main]` runs `main`.
+    TokioMulti,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -167,9 +183,14 @@ pub struct Common {
     #[arg(long, default_value_t = 0)]
     pub gap_us: u64,
     /// lat: send (default on libfabric, like fi_pingpong) or write (default on verbs, like
-    /// perftest's ib_write_lat, its baseline there). The raw engine uses send unless told.
+    /// perftest's ib_write_lat, its baseline there), or write-await. The raw engine uses send
+    /// unless told.
     #[arg(long, value_enum)]
     pub op: Option<LatOp>,
+    /// lat, runtime engine: what runs the client's future (block-on, tokio-current,
+    /// tokio-multi).
+    #[arg(long, value_enum, default_value_t = Executor::BlockOn)]
+    pub executor: Executor,
 }
 
 impl Common {

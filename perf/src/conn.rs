@@ -48,7 +48,14 @@ impl ServerChild {
             .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
             .args(["--driver", if a.driver == DriverArg::Thread { "thread" } else { "inline" }])
             .args(extra)
-            .args(a.op.iter().flat_map(|op| ["--op", if *op == LatOp::Write { "write" } else { "send" }]))
+            .args(a.op.iter().flat_map(|op| {
+                let name = match op {
+                    LatOp::Send => "send",
+                    LatOp::Write => "write",
+                    LatOp::WriteAwait => "write-await",
+                };
+                ["--op", name]
+            }))
             .stdout(Stdio::piped())
             .spawn()?;
         let mut out = BufReader::new(child.stdout.take().expect("piped"));

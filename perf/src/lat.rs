@@ -1,4 +1,5 @@
-//! `lat`: send/recv or write ping-pong; one-way latency is half of each round trip, as perftest
+//! `lat`: send/recv or write ping-pong, or awaited writes one at a time (`--op write-await`,
+//! timed whole from submit to completion); one-way latency is half of each round trip, as perftest
 //! and fabtests report it, timed as perftest times it (the CPU's time-stamp counter).
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use rdmalane::backend::{Access, Completion, PostError, Posted, WrKind};
 use rdmalane::{Endpoint, Runtime};
 use rdmalane_wake::Cycles;
 
-use crate::cli::{Common, Engine, LatOp};
+use crate::cli::{Common, Engine, Executor, LatOp};
 use crate::conn::{serve_each, with_server, BoxErr, CpuMeter, RawConn, RtConn};
 use crate::report::{print, Progress, Val};
 
@@ -63,7 +64,8 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     if let Some(path) = &a.svg {
         let title = format!("{} B ping-pong over {provider} ({:?})", a.size, a.engine);
-        crate::svg::save(path, &crate::svg::latency_cdf(&title, &[("one-way latency", &hist)]))?;
+        let what = if a.lat_op() == LatOp::WriteAwait { "submit to completion" } else { "one-way latency" };
+        crate::svg::save(path, &crate::svg::latency_cdf(&title, &[(what, &hist)]))?;
     }
     print(
         a.json,
@@ -93,8 +95,10 @@ fn rt_side(
 ) -> Result<(), BoxErr> {
     let total = a.warmup + a.iters;
     let (rt, ep) = (&c.rt, &c.ep);
-    if a.lat_op() == LatOp::Write {
-        return rt.block_on(write_side(rt, ep, a, client, hist));
+    match a.lat_op() {
+        LatOp::Write => return rt.block_on(write_side(rt, ep, a, client, hist)),
+        LatOp::WriteAwait => return run_on(a.executor, rt, write_await_side(rt, ep, a, client, hist)),
+        LatOp::Send => {}
     }
     rt.block_on(async {
         if client {
@@ -262,6 +266,120 @@ async fn write_side(
     Ok(())
 }
 
+/// Run `fut` on `exec` (see `Executor`).
+fn run_on<T>(exec: Executor, rt: &Runtime, fut: impl std::future::Future<Output = T>) -> T {
+    let tokio = |b: &mut tokio::runtime::Builder| b.enable_all().build().expect("a tokio runtime");
+    match exec {
+        Executor::BlockOn => rt.block_on(fut),
+        Executor::TokioCurrent => tokio(&mut tokio::runtime::Builder::new_current_thread()).block_on(fut),
+        Executor::TokioMulti => tokio(&mut tokio::runtime::Builder::new_multi_thread()).block_on(fut),
+    }
+}
+
+/// The sequence number a write-await round carries in its last byte (1 to 254); 255 stops the
+/// server.
+fn await_seq(i: usize) -> u8 {
+    (i % 254) as u8 + 1
+}
+
+/// The byte that stops a write-await server.
+const AWAIT_STOP: u8 = 255;
+
+/// Write-await, as an application awaits each write: the client writes `size` bytes to the
+/// server's exposed buffer and waits for the write's completion, one at a time, timing submit
+/// to completion; the server only serves (its progress is what lands the writes on software
+/// providers) until the client's stop byte arrives.
+async fn write_await_side(
+    rt: &Runtime,
+    ep: &Endpoint,
+    a: &Common,
+    client: bool,
+    hist: Option<&mut Histogram<u64>>,
+) -> Result<(), BoxErr> {
+    let size = a.size.max(1);
+    let mine = rt.expose(rt.alloc(size)?, Access::WRITE)?;
+    let theirs = if client {
+        ep.send_descriptor(&mine.descriptor()).await?;
+        ep.recv_descriptor().await?
+    } else {
+        let d = ep.recv_descriptor().await?;
+        ep.send_descriptor(&mine.descriptor()).await?;
+        d
+    };
+    let last = size - 1;
+    if !client {
+        wait_byte(&mine, last, AWAIT_STOP, spins_per_turn(a)).await;
+        return Ok(());
+    }
+    let mut src = rt.alloc(size)?;
+    let clock = clock();
+    let mut samples = Samples::new(a.iters);
+    let total = a.warmup + a.iters;
+    let mut progress = Progress::new(!a.json, total);
+    for i in 0..total {
+        pause_before(a, i);
+        src[last] = await_seq(i);
+        let t0 = clock.now();
+        let (r, b) = ep.write_remote(src, &theirs).await;
+        let t1 = clock.now();
+        r?;
+        src = b;
+        if i >= a.warmup {
+            samples.add(t0, t1);
+        }
+        progress.tick(i);
+    }
+    progress.done();
+    src[last] = AWAIT_STOP;
+    ep.write_remote(src, &theirs).await.0?;
+    if let Some(out) = hist {
+        *out = samples.whole(&clock)?;
+    }
+    Ok(())
+}
+
+/// Write-await on the raw engine: the same rounds, each a post and a poll for its completion.
+fn raw_write_await_side(
+    c: &mut RawConn,
+    a: &Common,
+    client: bool,
+    hist: Option<&mut Histogram<u64>>,
+) -> Result<(), BoxErr> {
+    let size = a.size.max(1);
+    let mine = c.eng.alloc(size, Access::WRITE)?;
+    let src = c.eng.alloc(size, Access::LOCAL)?;
+    let (addr, key) = c.eng.remote(mine);
+    c.put(addr)?;
+    c.put(key)?;
+    let (raddr, rkey) = (c.get()?, c.get()?);
+    let last = size - 1;
+    let mut comps = Vec::with_capacity(16);
+    if !client {
+        return raw_wait_byte(c, mine, last, AWAIT_STOP, spins_per_turn(a), &mut comps);
+    }
+    let clock = clock();
+    let mut samples = Samples::new(a.iters);
+    let kind = WrKind::Write { remote_addr: raddr, key: rkey, imm: None };
+    for i in 0..a.warmup + a.iters {
+        pause_before(a, i);
+        c.eng.bytes(src)[last] = await_seq(i);
+        let t0 = clock.now();
+        let id = post(c, 3, kind, src, size)?;
+        wait_for(c, id.into_iter().collect(), &mut comps)?;
+        let t1 = clock.now();
+        if i >= a.warmup {
+            samples.add(t0, t1);
+        }
+    }
+    c.eng.bytes(src)[last] = AWAIT_STOP;
+    let id = post(c, 3, kind, src, size)?;
+    wait_for(c, id.into_iter().collect(), &mut comps)?;
+    if let Some(h) = hist {
+        *h = samples.whole(&clock)?;
+    }
+    Ok(())
+}
+
 /// Until byte `i` of `buf` is `v`. The peer's write lands without our reactor, so this spins
 /// on memory and yields to the driver (which turns the reactor, reaping our own completions)
 /// only every so many looks, as ib_write_lat polls its completion queue only now and then.
@@ -358,11 +476,20 @@ impl Samples {
         }
     }
 
-    /// One-way latencies in ns.
+    /// One-way latencies in ns (half of each round trip).
     fn histogram(&self, clock: &Cycles) -> Result<Histogram<u64>, BoxErr> {
+        self.scaled(clock, 0.5)
+    }
+
+    /// The samples whole, in ns (each one op's own time, not a round trip).
+    fn whole(&self, clock: &Cycles) -> Result<Histogram<u64>, BoxErr> {
+        self.scaled(clock, 1.0)
+    }
+
+    fn scaled(&self, clock: &Cycles, by: f64) -> Result<Histogram<u64>, BoxErr> {
         let mut h = Histogram::<u64>::new(3)?;
         for &d in &self.0 {
-            h.record((clock.ns(d as f64) / 2.0) as u64)?;
+            h.record((clock.ns(d as f64) * by) as u64)?;
         }
         Ok(h)
     }
@@ -447,8 +574,10 @@ fn raw_side(
     client: bool,
     hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
-    if a.op == Some(LatOp::Write) {
-        return raw_write_side(c, a, client, hist);
+    match a.op {
+        Some(LatOp::Write) => return raw_write_side(c, a, client, hist),
+        Some(LatOp::WriteAwait) => return raw_write_await_side(c, a, client, hist),
+        _ => {}
     }
     let total = a.warmup + a.iters;
     let s = c.eng.alloc(a.size, Access::LOCAL)?;

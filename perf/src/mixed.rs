@@ -93,8 +93,22 @@ async fn echo(rt: &Runtime, ep: &Endpoint, desc: RemoteBuf) -> Result<(), BoxErr
     }
 }
 
+/// What a bulk stream got: its rate, and each write's time from submission to completion.
+pub struct Streamed {
+    /// Bytes written per second.
+    pub bps: f64,
+    /// Per-write latency in ns.
+    pub lat: Histogram<u64>,
+}
+
+impl Streamed {
+    /// The write latency at quantile `q`, in µs.
+    pub fn us(&self, q: f64) -> f64 {
+        self.lat.value_at_quantile(q) as f64 / 1000.0
+    }
+}
+
 /// Keep `window` writes of the bulk size in flight until `stop` (or `until`), as `tenant`.
-/// Returns bytes written per second.
 pub async fn stream(
     rt: &Runtime,
     ep: &Endpoint,
@@ -103,11 +117,12 @@ pub async fn stream(
     tenant: u32,
     stop: &Cell<bool>,
     until: Option<Instant>,
-) -> Result<f64, BoxErr> {
+) -> Result<Streamed, BoxErr> {
     let mut free = Vec::new();
     for _ in 0..m.bulk_window {
         free.push(rt.alloc(m.bulk_size)?);
     }
+    let mut lat = Histogram::<u64>::new(3)?;
     let mut inflight = FuturesUnordered::new();
     let start = Instant::now();
     let mut bytes = 0usize;
@@ -115,14 +130,20 @@ pub async fn stream(
     loop {
         while !done() && !free.is_empty() {
             let b = free.pop().expect("non-empty");
-            inflight.push(ep.write_remote(b, remote).tenant(tenant));
+            let op = ep.write_remote(b, remote).tenant(tenant);
+            inflight.push(async move {
+                let t0 = Instant::now();
+                let (r, b) = op.await;
+                (r, b, t0.elapsed())
+            });
         }
-        let Some((r, b)) = inflight.next().await else { break };
+        let Some((r, b, took)) = inflight.next().await else { break };
         r?;
+        lat.record(took.as_nanos() as u64)?;
         bytes += b.len();
         free.push(b);
     }
-    Ok(bytes as f64 / start.elapsed().as_secs_f64())
+    Ok(Streamed { bps: bytes as f64 / start.elapsed().as_secs_f64(), lat })
 }
 
 pub fn run(m: &Mixed) -> Result<(), BoxErr> {
@@ -176,7 +197,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
             m.scheduler,
             rt.provider()
         );
-        let mixed_name = format!("beside bulk ({:.1} Gb/s)", gbps(bulk_mixed));
+        let mixed_name = format!("beside bulk ({:.1} Gb/s)", gbps(bulk_mixed.bps));
         crate::svg::save(
             path,
             &crate::svg::latency_cdf(&title, &[("alone", &alone), (&mixed_name, &mixed)]),
@@ -202,8 +223,15 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
             ("small_mixed_p50_us", Val::F(us(&mixed, 0.5))),
             ("small_mixed_p99_us", Val::F(us(&mixed, 0.99))),
             ("small_mixed_p999_us", Val::F(us(&mixed, 0.999))),
-            ("bulk_alone_gbps", Val::F(gbps(bulk_alone))),
-            ("bulk_mixed_gbps", Val::F(gbps(bulk_mixed))),
+            ("bulk_alone_gbps", Val::F(gbps(bulk_alone.bps))),
+            ("bulk_mixed_gbps", Val::F(gbps(bulk_mixed.bps))),
+            ("bulk_alone_p50_us", Val::F(bulk_alone.us(0.5))),
+            ("bulk_alone_p99_us", Val::F(bulk_alone.us(0.99))),
+            ("bulk_alone_p999_us", Val::F(bulk_alone.us(0.999))),
+            ("bulk_mixed_p50_us", Val::F(bulk_mixed.us(0.5))),
+            ("bulk_mixed_p99_us", Val::F(bulk_mixed.us(0.99))),
+            ("bulk_mixed_p999_us", Val::F(bulk_mixed.us(0.999))),
+            ("driver", Val::S(format!("{:?}", a.driver).to_lowercase())),
             ("cpu_pct", Val::F(cpu_pct)),
             ("server_cpu_pct", Val::F(server_cpu)),
         ],
