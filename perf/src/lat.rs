@@ -142,12 +142,7 @@ fn raw_write_side(
     hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
     let size = a.size.max(1);
-    let mine = c.eng.alloc(size, Access::WRITE)?;
-    let src = c.eng.alloc(size, Access::LOCAL)?;
-    let (addr, key) = c.eng.remote(mine);
-    c.put(addr)?;
-    c.put(key)?;
-    let (raddr, rkey) = (c.get()?, c.get()?);
+    let (mine, src, raddr, rkey) = raw_targets(c, size)?;
     let last = size - 1;
     let spins = spins_per_turn(a);
     let mut comps = Vec::with_capacity(16);
@@ -178,6 +173,38 @@ fn raw_write_side(
         *h = samples.histogram(&clock)?;
     }
     Ok(())
+}
+
+/// Each side's `size`-byte buffer the other writes, exposed, and the peer's descriptor of its
+/// own. The client sends first, the server receives first: a send needs a posted receive on
+/// verbs.
+async fn swap_targets(
+    rt: &Runtime,
+    ep: &Endpoint,
+    size: usize,
+    client: bool,
+) -> Result<(rdmalane::ExposedBuf<rdmalane::RegisteredBuf>, rdmalane::RemoteBuf), BoxErr> {
+    let mine = rt.expose(rt.alloc(size)?, Access::WRITE)?;
+    let theirs = if client {
+        ep.send_descriptor(&mine.descriptor()).await?;
+        ep.recv_descriptor().await?
+    } else {
+        let d = ep.recv_descriptor().await?;
+        ep.send_descriptor(&mine.descriptor()).await?;
+        d
+    };
+    Ok((mine, theirs))
+}
+
+/// On the raw engine: the buffer the peer writes, a source buffer, and the peer's target's
+/// address and key, swapped over the setup connection.
+fn raw_targets(c: &mut RawConn, size: usize) -> Result<(usize, usize, u64, u64), BoxErr> {
+    let mine = c.eng.alloc(size, Access::WRITE)?;
+    let src = c.eng.alloc(size, Access::LOCAL)?;
+    let (addr, key) = c.eng.remote(mine);
+    c.put(addr)?;
+    c.put(key)?;
+    Ok((mine, src, c.get()?, c.get()?))
 }
 
 /// Until byte `i` of buffer `mem` is `v`, driving the engine now and then: providers that move
@@ -219,16 +246,7 @@ async fn write_side(
     hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
     let size = a.size.max(1);
-    let mine = rt.expose(rt.alloc(size)?, Access::WRITE)?;
-    // Client first sends, server first receives: a send needs a posted receive on verbs.
-    let theirs = if client {
-        ep.send_descriptor(&mine.descriptor()).await?;
-        ep.recv_descriptor().await?
-    } else {
-        let d = ep.recv_descriptor().await?;
-        ep.send_descriptor(&mine.descriptor()).await?;
-        d
-    };
+    let (mine, theirs) = swap_targets(rt, ep, size, client).await?;
     let mut src = rt.alloc(size)?;
     let clock = clock();
     let mut samples = Samples::new(if client { a.iters } else { 0 });
@@ -297,15 +315,7 @@ async fn write_await_side(
     hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
     let size = a.size.max(1);
-    let mine = rt.expose(rt.alloc(size)?, Access::WRITE)?;
-    let theirs = if client {
-        ep.send_descriptor(&mine.descriptor()).await?;
-        ep.recv_descriptor().await?
-    } else {
-        let d = ep.recv_descriptor().await?;
-        ep.send_descriptor(&mine.descriptor()).await?;
-        d
-    };
+    let (mine, theirs) = swap_targets(rt, ep, size, client).await?;
     let last = size - 1;
     if !client {
         wait_byte(&mine, last, AWAIT_STOP, spins_per_turn(a)).await;
@@ -346,12 +356,7 @@ fn raw_write_await_side(
     hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
     let size = a.size.max(1);
-    let mine = c.eng.alloc(size, Access::WRITE)?;
-    let src = c.eng.alloc(size, Access::LOCAL)?;
-    let (addr, key) = c.eng.remote(mine);
-    c.put(addr)?;
-    c.put(key)?;
-    let (raddr, rkey) = (c.get()?, c.get()?);
+    let (mine, src, raddr, rkey) = raw_targets(c, size)?;
     let last = size - 1;
     let mut comps = Vec::with_capacity(16);
     if !client {
