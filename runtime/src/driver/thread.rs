@@ -16,6 +16,9 @@ pub(crate) struct IdlePolicy {
     /// The longest single sleep (bounds the latency of noticing work on providers without a
     /// wait object).
     pub max_sleep: Duration,
+    /// The transport sleeps on a wait object its traffic signals (tcp's CQ fd, verbs'
+    /// completion channel): a sleep that ends early was ended by traffic.
+    pub woken_by_traffic: bool,
 }
 
 /// The first nap after the idle spin.
@@ -75,8 +78,19 @@ pub(crate) fn spawn(
             if !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
                 reactor.announce_sleep();
                 let longest = reactor.longest_nap().unwrap_or(policy.max_sleep).min(policy.max_sleep);
-                reactor.transport_mut().wait(nap.min(longest));
-                nap = (nap * 2).min(longest);
+                let asked = nap.min(longest);
+                let slept = Instant::now();
+                reactor.transport_mut().wait(asked);
+                if policy.woken_by_traffic && slept.elapsed() < asked / 2 {
+                    // Woken by the wait object, not by the time: traffic. A peer's one-sided op
+                    // our progress serves raises no completion here, so without this each of a
+                    // stream of them would find the reactor asleep again and pay a wake-up
+                    // (tcp, 16 B awaited writes: 24 µs a write instead of 11). Spin again.
+                    last_work = Instant::now();
+                    nap = NAP_MIN;
+                } else {
+                    nap = (nap * 2).min(longest);
+                }
             }
             // The next round's turn looks right away; it starts the spin window only when
             // something happened. (No turn of its own here: on a provider without a wait object

@@ -40,7 +40,11 @@ impl Default for Builder {
             backends: Vec::new(),
             settings: Settings::default(),
             driver: Driver::Thread,
-            idle: IdlePolicy { spin: Duration::from_micros(200), max_sleep: Duration::from_millis(5) },
+            idle: IdlePolicy {
+                spin: Duration::from_micros(200),
+                max_sleep: Duration::from_millis(5),
+                woken_by_traffic: false,
+            },
             connect_timeout: Duration::from_secs(5),
             max_handshakes: 256,
         }
@@ -327,6 +331,7 @@ impl Builder {
                             // Each wake costs: at 50 ms an idle verbs reactor in the emulated VM
                             // used up to 2.3% of a core.
                             policy.max_sleep = Duration::from_millis(100);
+                            policy.woken_by_traffic = true;
                         }
                         let h = thread::spawn(reactor, g, core, idle.clone(), policy)
                             .map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?;
