@@ -13,9 +13,11 @@
 //! An op that spins to its outcome never makes its task wait, so a loop of them (a ping-pong
 //! joined with a bulk stream in one task) would run without end inside one poll, starving what
 //! it is joined with: measured on shm, the stream beside such a loop fell from 51 to 6 Gb/s.
-//! So after [`RUN_MAX`] outcomes in a row taken by spinning, with no wait in between, the next
-//! one yields once (wakes its task and returns pending, its outcome kept in the cell for the
-//! next poll), as tokio's cooperative budget makes its own resources yield.
+//! So of [`RUN_MAX`] outcomes in a row reached by spinning, with no wait in between, the last
+//! yields once instead of being taken (it wakes its task and returns pending, its outcome kept
+//! in the cell for the next poll), as tokio's cooperative budget makes its own resources yield.
+//! A hit resets the back-off, so where a task's spins alternate between hits and misses (a
+//! receive polled before the send it answers can go out) each round may spin its whole budget.
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
@@ -24,7 +26,8 @@ use crate::reactor::cell::OpCell;
 /// The most polls a thread skips spinning after misses.
 pub(crate) const SKIP_MAX: u32 = 64;
 
-/// Outcomes a thread takes by spinning in a row before the next one yields.
+/// Every this many outcomes reached by spinning in a row, the last yields instead of being
+/// taken.
 pub(crate) const RUN_MAX: u32 = 16;
 
 /// The spin budget where the host has cores to spare (see `default_budget`).

@@ -66,7 +66,12 @@ impl Reactor {
 
     /// A receive completed with a rendezvous marker.
     pub(super) fn marker_arrived(&mut self, f: InFlight, token: u32) {
-        let Some(p) = self.peers.get(f.peer) else { return };
+        let Some(p) = self.peers.get(f.peer) else {
+            // Gone (never while its requests are in flight: its loss fails them first).
+            let e = Error::PeerLost { op: OpKind::Recv, peer: "-".into(), reason: "endpoint closed".into() };
+            super::settle_cell(&self.counters, &f.cell, Err(e));
+            return;
+        };
         let label = p.label.clone();
         let peer = PeerRef { slot: f.peer, id: p.id, label: &label };
         let running = self.phase == Phase::Running;

@@ -299,6 +299,15 @@ impl Runtime {
             .collect()
     }
 
+    /// Who drives this runtime's reactor.
+    pub fn driver(&self) -> Driver {
+        if self.inner.inline.is_some() {
+            Driver::Inline
+        } else {
+            Driver::Thread
+        }
+    }
+
     /// Run a future to completion on this thread. With [`Driver::Inline`] this thread also
     /// drives the reactor, busy-polling; otherwise it parks until woken.
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
