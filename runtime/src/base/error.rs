@@ -79,6 +79,13 @@ pub struct TransportError {
 
 impl std::error::Error for TransportError {}
 
+impl TransportError {
+    /// A failure the runtime reports itself, in the provider's name (no errno).
+    pub(crate) fn local(provider: &str, class: FailureClass, text: impl Into<String>) -> TransportError {
+        TransportError { provider: provider.to_string(), errno: 0, text: text.into(), class }
+    }
+}
+
 impl fmt::Display for TransportError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} reported: {} (errno {})", self.provider, self.text, self.errno)

@@ -272,7 +272,7 @@ impl Audit {
 
     /// A failure the audit reports itself, in the provider's name (no errno).
     fn local_error(&self, class: FailureClass, text: impl Into<String>) -> TransportError {
-        TransportError { provider: self.provider.clone(), errno: 0, text: text.into(), class }
+        TransportError::local(&self.provider, class, text)
     }
 
     /// The op's failure in the light of the target's verdict.

@@ -231,7 +231,7 @@ impl Reactor {
 
     /// A failure the runtime reports itself, in the provider's name (no errno).
     fn local_error(&self, class: FailureClass, text: impl Into<String>) -> TransportError {
-        TransportError { provider: self.t.caps().provider.clone(), errno: 0, text: text.into(), class }
+        TransportError::local(&self.t.caps().provider, class, text)
     }
 
     /// This reactor serves rail group `group` of `groups`, whose transport spans the host's

@@ -121,7 +121,7 @@ impl Rendezvous {
 
     /// A failure the rendezvous reports itself, in the provider's name (no errno).
     fn local_error(&self, class: FailureClass, text: impl Into<String>) -> TransportError {
-        TransportError { provider: self.provider.clone(), errno: 0, text: text.into(), class }
+        TransportError::local(&self.provider, class, text)
     }
 
     /// A send to `slot` above the largest message, its buffer exposed read-only as registration
