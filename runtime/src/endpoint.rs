@@ -1,12 +1,13 @@
 //! A connection to one peer and the operations on it.
 use std::fmt;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::base::batch::{Layout, Pieces};
 use crate::base::error::{Error, OpKind};
 use crate::base::remote::RemoteBuf;
 use crate::base::transport::WrKind;
+use crate::bootstrap::LossSwitch;
 use crate::buf::{IoBuf, IoBufMut};
 use crate::op::Op;
 use crate::reactor::cmd::Draft;
@@ -23,7 +24,9 @@ pub struct Endpoint {
     peer_rails: usize,
     peer_id: u64,
     label: String,
-    _watch: Option<tokio::task::JoinHandle<()>>,
+    /// The control connection's task, and the switch by which the cluster's membership may
+    /// declare the peer lost through it.
+    watch: Option<(tokio::task::JoinHandle<()>, Arc<LossSwitch>)>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -39,9 +42,15 @@ impl Endpoint {
         peer_rails: usize,
         peer_id: u64,
         label: String,
-        watch: Option<tokio::task::JoinHandle<()>>,
+        watch: Option<(tokio::task::JoinHandle<()>, Arc<LossSwitch>)>,
     ) -> Endpoint {
-        Endpoint { rt, slots, peer_rails, peer_id, label, _watch: watch }
+        Endpoint { rt, slots, peer_rails, peer_id, label, watch }
+    }
+
+    /// The switch that declares this peer lost, held weakly: it does nothing once the endpoint
+    /// is gone.
+    pub(crate) fn loss_switch(&self) -> Option<Weak<LossSwitch>> {
+        self.watch.as_ref().map(|(_, s)| Arc::downgrade(s))
     }
 
     /// The peer runtime's id (descriptors it exposes carry it).
@@ -300,7 +309,7 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        if let Some(w) = self._watch.take() {
+        if let Some((w, _)) = self.watch.take() {
             w.abort();
         }
         self.rt.remove_peer(&self.slots);

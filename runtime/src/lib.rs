@@ -22,13 +22,14 @@ mod endpoint;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod membership;
 mod op;
 mod reactor;
 mod recv_stream;
 mod runtime;
 
 pub use base::batch::{Piece, Pieces};
-pub use base::error::{BufResult, Error, FailureClass, OpKind, Result, TransportError};
+pub use base::error::{BufResult, Error, FailureClass, MembershipFailure, OpKind, Result, TransportError};
 pub use base::imm::{ImmEvent, NextImm, WaitImm};
 pub use base::refusal::{Refusal, RefusalCounts, RefusalReason, Refusals};
 pub use base::remote::RemoteBuf;

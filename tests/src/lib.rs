@@ -1,11 +1,13 @@
 //! Helpers for the conformance tests: runtimes on each provider, connected pairs, a child peer
-//! process, and a time bound on every test.
+//! process, a real etcd, and a time bound on every test.
 use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use rdmalane::{Endpoint, RemoteBuf, Runtime};
+
+pub mod etcd;
 
 /// The providers every conformance test runs on: `tcp` and `shm`, or the comma-separated list in
 /// `RDMALANE_TEST_PROVIDERS` (`verbs` inside the Soft-RoCE VM: scripts/softroce-vm.sh).

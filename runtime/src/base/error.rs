@@ -28,6 +28,8 @@ pub enum OpKind {
     Accept,
     /// Waiting for immediate-data events.
     Imm,
+    /// Joining a cluster, publishing to or watching its membership directory.
+    Join,
 }
 
 impl fmt::Display for OpKind {
@@ -44,6 +46,7 @@ impl fmt::Display for OpKind {
             OpKind::Connect => "connect",
             OpKind::Accept => "accept",
             OpKind::Imm => "imm",
+            OpKind::Join => "join",
         };
         f.write_str(s)
     }
@@ -197,6 +200,18 @@ pub enum Error {
         /// What went wrong with it.
         source: Box<Error>,
     },
+    /// The membership directory could not be used, or a member's entry could not be trusted.
+    #[error("{op} {member}: {why}: {detail}")]
+    Membership {
+        /// Join (the directory) or connect (to a member).
+        op: OpKind,
+        /// The member (`id` or `label`) or, for the directory itself, its address.
+        member: Arc<str>,
+        /// What was wrong, as a kind.
+        why: MembershipFailure,
+        /// What exactly was wrong.
+        detail: Arc<str>,
+    },
     /// The runtime shut down before the operation completed.
     #[error("{op}: runtime shut down")]
     Shutdown {
@@ -217,6 +232,7 @@ impl Error {
             | Error::Timeout { op, .. }
             | Error::Handshake { op, .. }
             | Error::Io { op, .. }
+            | Error::Membership { op, .. }
             | Error::Shutdown { op } => *op,
             Error::ProviderUnavailable { .. } => OpKind::Open,
             Error::Batch { source, .. } => source.op(),
@@ -244,6 +260,37 @@ impl Error {
     /// An `InvalidArgument` error for `op`.
     pub fn invalid(op: OpKind, reason: impl Into<String>) -> Error {
         Error::InvalidArgument { op, reason: reason.into() }
+    }
+}
+
+/// Why a membership call failed ([`Error::Membership`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MembershipFailure {
+    /// The directory (etcd) did not answer within the connect timeout.
+    DirectoryUnreachable,
+    /// The directory answered with an error.
+    Directory,
+    /// No member with that id or label is in the directory.
+    UnknownMember,
+    /// A newer runtime published the same label: this entry is a restarted runtime's old one.
+    Superseded,
+    /// The entry names a provider other than ours: its addresses would mean nothing to us.
+    ProviderMismatch,
+    /// The runtime that answered at the entry's address is not the one the entry names.
+    IdMismatch,
+}
+
+impl fmt::Display for MembershipFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MembershipFailure::DirectoryUnreachable => "membership directory unreachable",
+            MembershipFailure::Directory => "membership directory failed",
+            MembershipFailure::UnknownMember => "no such member",
+            MembershipFailure::Superseded => "entry superseded by a newer runtime",
+            MembershipFailure::ProviderMismatch => "provider mismatch",
+            MembershipFailure::IdMismatch => "runtime id mismatch",
+        })
     }
 }
 

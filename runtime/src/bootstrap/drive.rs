@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use super::handshake::{Handshake, Local, Next};
 use super::hello::MAX_NAME;
-use super::watch::watch_peer;
+use super::watch::{watch_peer, LossSwitch};
 use crate::base::error::Error;
 use crate::base::refusal::{Failure, RefusalReason};
 use crate::endpoint::Endpoint;
@@ -191,8 +191,10 @@ pub(super) async fn drive(
     }
     let them = hs.peer().expect("a hello before done");
     let slots = added.slots.take().expect("added before done");
-    let watch = watch_peer(rt.clone(), slots.clone(), them.id, s, outbox.expect("added before done"));
-    Ok(Endpoint::new(rt.clone(), slots, them.rails as usize, them.id, label, Some(watch)))
+    let switch = Arc::new(LossSwitch::default());
+    let outbox = outbox.expect("added before done");
+    let watch = watch_peer(rt.clone(), slots.clone(), them.id, s, outbox, switch.clone());
+    Ok(Endpoint::new(rt.clone(), slots, them.rails as usize, them.id, label, Some((watch, switch))))
 }
 
 /// Read what is there (0 at the end of the stream); while the socket is empty the handshake

@@ -22,6 +22,7 @@ pub(crate) use handshake::drive_acceptor_with;
 pub(crate) use hello::decode_hello;
 pub use hello::PROTOCOL_VERSION;
 pub use listener::Listener;
+pub(crate) use watch::LossSwitch;
 
 use crate::base::error::{Error, OpKind, Result};
 use crate::endpoint::Endpoint;

@@ -1,6 +1,9 @@
 //! The control connection after the handshake: it carries what the reactor has to tell the peer
 //! and heartbeats, and brings the peer's messages to the reactor; when it ends, the peer is lost.
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -8,6 +11,32 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::base::control::Ctl;
 use crate::runtime::{Runtime, Slots};
+
+/// A way for someone other than the socket (the cluster's membership, when the peer's entry
+/// leaves the directory) to declare the peer lost. The watch task carries it out, so it acts
+/// only while the endpoint lives, exactly as a closed socket would.
+#[derive(Debug, Default)]
+pub(crate) struct LossSwitch {
+    reason: Mutex<Option<String>>,
+    tripped: Notify,
+}
+
+impl LossSwitch {
+    /// Declare the peer lost for `reason`; the first reason given is the one reported.
+    pub(crate) fn trip(&self, reason: String) {
+        self.reason.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(reason);
+        self.tripped.notify_one();
+    }
+
+    async fn tripped(&self) -> String {
+        loop {
+            if let Some(r) = self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return r;
+            }
+            self.tripped.notified().await;
+        }
+    }
+}
 
 /// The control socket stays open for the endpoint's life: it carries what the reactor has to
 /// tell the peer (`outbox`) and heartbeats, and brings the peer's messages to the reactor. EOF,
@@ -18,6 +47,7 @@ pub(super) fn watch_peer(
     peer_id: u64,
     s: TcpStream,
     mut outbox: UnboundedReceiver<Ctl>,
+    switch: Arc<LossSwitch>,
 ) -> tokio::task::JoinHandle<()> {
     let weak = rt.downgrade();
     let timeout = rt.peer_timeout();
@@ -91,6 +121,7 @@ pub(super) fn watch_peer(
         let reason = tokio::select! {
             r = writer => r,
             r = reader => r,
+            r = switch.tripped() => r,
         };
         if let Some(rt) = weak.upgrade() {
             rt.peer_lost(&slots, reason);

@@ -1,0 +1,328 @@
+//! The one task that talks to etcd: it keeps this runtime's entry published on a live lease,
+//! follows the cluster's prefix, and tells each subscriber of each change once. When etcd goes
+//! away it says so once, keeps taking commands, and retries with backoff; when etcd returns it
+//! publishes again where the lease was lost and lists the prefix anew, reporting only what
+//! changed meanwhile.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions,
+    WatchOptions,
+};
+use futures::channel::mpsc::UnboundedSender;
+use rdmalane::membership::{Member, MemberEvent, MemberId};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::oneshot;
+
+use crate::entry;
+use crate::EtcdOptions;
+
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// What the membership handle asks of the keeper.
+pub(crate) enum Cmd {
+    Publish(Member, oneshot::Sender<Result<(), String>>),
+    Withdraw(oneshot::Sender<Result<(), String>>),
+    Watch(UnboundedSender<MemberEvent>),
+}
+
+/// How a session with etcd ended, short of an error.
+enum Exit {
+    /// The handle is gone: the entry was withdrawn.
+    Closed,
+    /// Start over at once (a new publication, or a lease to replace).
+    Again,
+}
+
+pub(crate) struct Keeper {
+    opts: Arc<EtcdOptions>,
+    client: Option<Client>,
+    /// What to keep published; `None` before `publish` and after `withdraw`.
+    me: Option<Member>,
+    lease: Option<i64>,
+    /// Every entry in the prefix as last seen, ours included.
+    known: BTreeMap<MemberId, Member>,
+    subscribers: Vec<UnboundedSender<MemberEvent>>,
+    /// Publications not yet in etcd, answered when they are.
+    waiting: Vec<oneshot::Sender<Result<(), String>>>,
+    /// etcd has been unreachable since we said so.
+    offline: bool,
+    backoff: Duration,
+}
+
+/// Run a request against etcd within the request timeout.
+async fn call<T>(
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
+    }
+}
+
+/// A client that has answered a status request.
+pub(crate) async fn connect(opts: &EtcdOptions) -> Result<Client, String> {
+    let limit = opts.connect_timeout;
+    let options = ConnectOptions::new()
+        .with_connect_timeout(limit)
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2));
+    let mut client = call(limit, Client::connect(opts.endpoints.clone(), Some(options))).await?;
+    call(limit, client.status()).await?;
+    Ok(client)
+}
+
+impl Keeper {
+    pub(crate) fn new(opts: Arc<EtcdOptions>, client: Client) -> Keeper {
+        Keeper {
+            opts,
+            client: Some(client),
+            me: None,
+            lease: None,
+            known: BTreeMap::new(),
+            subscribers: Vec::new(),
+            waiting: Vec::new(),
+            offline: false,
+            backoff: MIN_BACKOFF,
+        }
+    }
+
+    pub(crate) async fn run(mut self, mut cmds: UnboundedReceiver<Cmd>) {
+        loop {
+            match self.session(&mut cmds).await {
+                Ok(Exit::Closed) => return,
+                Ok(Exit::Again) => continue,
+                Err(why) => {
+                    if !self.offline {
+                        tracing::warn!(
+                            etcd = ?self.opts.endpoints,
+                            %why,
+                            "etcd unreachable: connected members keep working; retrying"
+                        );
+                        self.offline = true;
+                    }
+                    self.client = None;
+                }
+            }
+            // Back off, still taking commands.
+            let pause = tokio::time::sleep(self.backoff);
+            tokio::pin!(pause);
+            loop {
+                tokio::select! {
+                    _ = &mut pause => break,
+                    c = cmds.recv() => match c {
+                        Some(c) => self.offline_cmd(c),
+                        None => return,
+                    },
+                }
+            }
+            // Never wait longer than a third of the TTL: etcd, back from a restart, gives each
+            // lease one TTL more, and ours must be renewed within it.
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF).min(self.opts.ttl / 3);
+        }
+    }
+
+    fn offline_cmd(&mut self, c: Cmd) {
+        match c {
+            Cmd::Publish(m, done) => {
+                self.me = Some(m);
+                self.waiting.push(done);
+            }
+            // Nothing renews the lease from now on: the entry goes when it runs out.
+            Cmd::Withdraw(done) => {
+                self.me = None;
+                self.lease = None;
+                let _ = done.send(Ok(()));
+            }
+            Cmd::Watch(tx) => self.subscribe(tx),
+        }
+    }
+
+    async fn session(&mut self, cmds: &mut UnboundedReceiver<Cmd>) -> Result<Exit, String> {
+        let limit = self.opts.connect_timeout;
+        let mut client = match &self.client {
+            Some(c) => c.clone(),
+            None => {
+                let c = connect(&self.opts).await?;
+                self.client = Some(c.clone());
+                c
+            }
+        };
+        if self.me.is_some() {
+            self.publish(&mut client).await?;
+        }
+        for w in self.waiting.drain(..) {
+            let _ = w.send(Ok(()));
+        }
+        let revision = self.list(&mut client).await?;
+        let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1).with_prev_key();
+        let mut watch = call(limit, client.watch(entry::folder(&self.opts.prefix), Some(options))).await?;
+        let mut keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)> = match self.lease {
+            Some(id) => Some(call(limit, client.lease_keep_alive(id)).await?),
+            None => None,
+        };
+        if self.offline {
+            tracing::info!(etcd = ?self.opts.endpoints, "etcd reachable again: entry and watch resumed");
+            self.offline = false;
+        }
+        self.backoff = MIN_BACKOFF;
+        let mut tick = tokio::time::interval(self.opts.ttl / 3);
+        loop {
+            tokio::select! {
+                m = watch.message() => match m.map_err(|e| format!("watch: {e}"))? {
+                    None => return Err("the watch ended".into()),
+                    Some(resp) if resp.canceled() => {
+                        return Err(format!("the watch was cancelled (compacted at {})", resp.compact_revision()))
+                    }
+                    Some(resp) => {
+                        for ev in resp.events() {
+                            match (ev.event_type(), ev.kv()) {
+                                (EventType::Put, Some(kv)) => self.put(kv.key(), kv.value(), kv.create_revision()),
+                                (EventType::Delete, Some(kv)) => self.deleted(kv.key()),
+                                _ => {}
+                            }
+                        }
+                    }
+                },
+                _ = tick.tick(), if keeper.is_some() => {
+                    if let Some((k, _)) = keeper.as_mut() {
+                        k.keep_alive().await.map_err(|e| format!("keep-alive: {e}"))?;
+                    }
+                }
+                r = renewed(&mut keeper) => match r? {
+                    // etcd forgot the lease (it ran out while we could not renew it): publish
+                    // again under a new one.
+                    Some(ttl) if ttl <= 0 => {
+                        tracing::warn!("our lease ran out; publishing again");
+                        self.lease = None;
+                        return Ok(Exit::Again);
+                    }
+                    Some(_) => {}
+                    None => return Err("the keep-alive stream ended".into()),
+                },
+                c = cmds.recv() => match c {
+                    Some(Cmd::Watch(tx)) => self.subscribe(tx),
+                    Some(Cmd::Publish(m, done)) => {
+                        self.me = Some(m);
+                        self.waiting.push(done);
+                        return Ok(Exit::Again);
+                    }
+                    Some(Cmd::Withdraw(done)) => {
+                        self.me = None;
+                        let r = self.revoke(&mut client).await;
+                        let _ = done.send(r);
+                        return Ok(Exit::Again);
+                    }
+                    None => {
+                        let _ = self.revoke(&mut client).await;
+                        return Ok(Exit::Closed);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Put our entry on a live lease: the one we hold if etcd still has it, else a new one.
+    async fn publish(&mut self, client: &mut Client) -> Result<(), String> {
+        let limit = self.opts.connect_timeout;
+        let Some(me) = self.me.clone() else { return Ok(()) };
+        let alive = match self.lease {
+            Some(id) => call(limit, client.lease_time_to_live(id, None)).await?.ttl() > 0,
+            None => false,
+        };
+        if !alive {
+            let ttl = self.opts.ttl.as_secs().max(1) as i64;
+            self.lease = Some(call(limit, client.lease_grant(ttl, None)).await?.id());
+        }
+        let options = PutOptions::new().with_lease(self.lease.expect("granted above"));
+        let key = entry::key(&self.opts.prefix, me.id.expect("a published member has an id"));
+        call(limit, client.put(key, entry::encode(&me), Some(options))).await?;
+        Ok(())
+    }
+
+    async fn revoke(&mut self, client: &mut Client) -> Result<(), String> {
+        match self.lease.take() {
+            Some(id) => call(self.opts.connect_timeout, client.lease_revoke(id)).await.map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// List the prefix; report what changed since we last knew it; return its revision.
+    async fn list(&mut self, client: &mut Client) -> Result<i64, String> {
+        let folder = entry::folder(&self.opts.prefix);
+        let resp = call(self.opts.connect_timeout, client.get(folder, Some(GetOptions::new().with_prefix())))
+            .await?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let mut now = BTreeMap::new();
+        for kv in resp.kvs() {
+            if let Some(m) = self.trusted(kv.key(), kv.value(), kv.create_revision()) {
+                now.insert(m.id.expect("decoded entries have ids"), m);
+            }
+        }
+        let gone: Vec<MemberId> = self.known.keys().filter(|id| !now.contains_key(id)).copied().collect();
+        for id in gone {
+            let member = self.known.remove(&id).expect("listed above");
+            self.tell(MemberEvent::Left {
+                member,
+                reason: "its entry was gone when we listed the directory again".into(),
+            });
+        }
+        for (id, m) in now {
+            if self.known.insert(id, m.clone()).is_none() {
+                self.tell(MemberEvent::Joined(m));
+            }
+        }
+        Ok(revision)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8], revision: i64) {
+        if let Some(m) = self.trusted(key, value, revision) {
+            if self.known.insert(m.id.expect("decoded entries have ids"), m.clone()).is_none() {
+                self.tell(MemberEvent::Joined(m));
+            }
+        }
+    }
+
+    fn deleted(&mut self, key: &[u8]) {
+        let Some(id) = entry::id_of(&self.opts.prefix, key) else { return };
+        if let Some(member) = self.known.remove(&id) {
+            let reason = "its entry was deleted (it left, or its lease ran out)".into();
+            self.tell(MemberEvent::Left { member, reason });
+        }
+    }
+
+    /// The member an entry describes, or `None` (and a warning) when it does not add up.
+    fn trusted(&self, key: &[u8], value: &[u8], revision: i64) -> Option<Member> {
+        match entry::decode(&self.opts.prefix, key, value, revision) {
+            Ok(m) => Some(m),
+            Err(why) => {
+                tracing::warn!(key = %String::from_utf8_lossy(key), %why, "ignoring an entry in the cluster's prefix");
+                None
+            }
+        }
+    }
+
+    fn subscribe(&mut self, tx: UnboundedSender<MemberEvent>) {
+        for m in self.known.values() {
+            let _ = tx.unbounded_send(MemberEvent::Joined(m.clone()));
+        }
+        self.subscribers.push(tx);
+    }
+
+    fn tell(&mut self, ev: MemberEvent) {
+        self.subscribers.retain(|s| s.unbounded_send(ev.clone()).is_ok());
+    }
+}
+
+/// The next keep-alive answer's TTL; pending when there is no lease to keep.
+async fn renewed(keeper: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>) -> Result<Option<i64>, String> {
+    match keeper {
+        Some((_, stream)) => {
+            stream.message().await.map(|r| r.map(|r| r.ttl())).map_err(|e| format!("keep-alive: {e}"))
+        }
+        None => std::future::pending().await,
+    }
+}
