@@ -17,6 +17,9 @@ for ex in write_remote rpc_echo kv_pages block_store mixed_tenants; do
   done
 done
 timeout 180 cargo run -q -p rdmalane-examples --example kv_pages -- --provider tcp --rails 2 >/dev/null
+# Members that find each other through etcd while they join, leave and crash: against an etcd
+# started here, on a port the system picks, in a temporary folder.
+./scripts/with-etcd.sh sh -c 'timeout 300 cargo run -q -p rdmalane-examples --example cluster -- --etcd "$RDMALANE_ETCD"'
 # The conformance suite again on verbs: rxe0 inside a qemu VM (this kernel has no RDMA).
 ./scripts/test-verbs.sh
 # The libfabric backend also compiles against libfabric 2.x headers (Debian trixie's).

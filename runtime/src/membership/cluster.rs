@@ -62,8 +62,9 @@ impl JoinOptions {
 /// Call order: [`join`](Cluster::join) (listen, follow the directory, publish); then any of
 /// [`events`](Cluster::events), [`members`](Cluster::members), [`connect`](Cluster::connect),
 /// [`connect_label`](Cluster::connect_label), [`accept`](Cluster::accept); last
-/// [`leave`](Cluster::leave), which the others see at once. Dropping the cluster without
-/// `leave` stops renewing the entry: the others see it leave when its lease runs out.
+/// [`leave`](Cluster::leave), which the others see at once. Dropping the cluster drops its
+/// directory, which withdraws the entry too (etcd: the lease is revoked, best effort); a
+/// process that dies is seen to leave when its lease runs out.
 ///
 /// A member leaving makes every endpoint to it (connected or accepted through this cluster)
 /// lost, so its ops fail with [`Error::PeerLost`].
@@ -227,8 +228,9 @@ impl Cluster {
         Ok(ep)
     }
 
-    /// Withdraw this runtime's entry (the others see it leave at once) and stop listening.
-    pub async fn leave(self) -> Result<()> {
+    /// Withdraw this runtime's entry: the others see it leave at once, and lose their
+    /// endpoints to us. Ours stay usable; dropping the cluster stops listening.
+    pub async fn leave(&self) -> Result<()> {
         self.shared.directory.withdraw().await
     }
 
