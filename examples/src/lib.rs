@@ -20,3 +20,8 @@ pub struct BookQuickStart;
 #[cfg(doctest)]
 #[doc = include_str!("../../book/src/concepts.md")]
 pub struct BookConcepts;
+
+/// The deployment chapter's snippets.
+#[cfg(doctest)]
+#[doc = include_str!("../../book/src/deployment.md")]
+pub struct BookDeployment;

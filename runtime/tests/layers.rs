@@ -8,7 +8,8 @@
 //!    runtime, an endpoint or a buffer type.
 //! 2. `driver`: who turns the reactor (its own thread, or `block_on` inline).
 //! 3. `runtime`: the handle, its builder and settings, rail groups.
-//! 4. everything else: the user API (endpoints, ops, buffers, the handshake, streams).
+//! 4. everything else: the user API (endpoints, ops, buffers, the handshake, streams,
+//!    membership).
 use std::path::{Path, PathBuf};
 
 /// The layer of the module at `path` (its segments below `crate`).
