@@ -86,6 +86,19 @@ struct Tally {
     joined: Mutex<BTreeMap<u64, u64>>,
 }
 
+impl Tally {
+    fn summary(&self) -> String {
+        let n = |c: &AtomicU64| c.load(Ordering::SeqCst);
+        format!(
+            "ok={} bytes={} lost={} failed={}",
+            n(&self.ok),
+            n(&self.bytes),
+            n(&self.lost),
+            self.failed.load(Ordering::SeqCst)
+        )
+    }
+}
+
 /// Join, serve our pages, and read from every member we learn of until `stop`.
 async fn member(
     a: &Args,
@@ -221,13 +234,7 @@ async fn run_member(a: Args, label: String) -> Result<(), Box<dyn std::error::Er
     tokio::time::sleep(Duration::from_millis(100)).await;
     let leaving_at = now_us();
     cluster.leave().await?;
-    println!(
-        "REPORT {label} leaving_at_us={leaving_at} ok={} bytes={} lost={} failed={}",
-        tally.ok.load(Ordering::SeqCst),
-        tally.bytes.load(Ordering::SeqCst),
-        tally.lost.load(Ordering::SeqCst),
-        tally.failed.load(Ordering::SeqCst)
-    );
+    println!("REPORT {label} leaving_at_us={leaving_at} {}", tally.summary());
     match tally.failed.load(Ordering::SeqCst) {
         true => Err(format!("{label}: a check failed").into()),
         false => Ok(()),
@@ -269,6 +276,9 @@ fn finish(mut p: Proc) -> Result<String, Box<dyn std::error::Error>> {
 }
 
 async fn coordinate(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if a.members < 2 {
+        return Err("--members: at least 2 (one leaves, one is killed)".into());
+    }
     let step = Duration::from_secs(a.step);
     let stop = Arc::new(AtomicBool::new(false));
     let (tally, cluster) = member(&a, "w0", stop.clone()).await?;
@@ -314,13 +324,7 @@ async fn coordinate(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let crash = ms(killed_at, left.get(&victim)).ok_or("w0 never saw the killed member leave")?;
     let began = *tally.joined.lock().unwrap().get(&new_id).ok_or("the newcomer's entry had no join time")?;
     let first_byte = ms(began, first.get(&new_id)).ok_or("w0 never read from the newcomer")?;
-    println!(
-        "w0: ok={} bytes={} lost={} failed={}",
-        tally.ok.load(Ordering::SeqCst),
-        tally.bytes.load(Ordering::SeqCst),
-        tally.lost.load(Ordering::SeqCst),
-        tally.failed.load(Ordering::SeqCst)
-    );
+    println!("w0: {}", tally.summary());
     println!("leave detected: clean {clean:.1} ms, SIGKILL {crash:.1} ms (TTL {} s)", a.ttl);
     println!("join to first byte: {first_byte:.1} ms (the newcomer's join() call to w0's first verified page from it)");
     if tally.failed.load(Ordering::SeqCst) {
@@ -330,7 +334,11 @@ async fn coordinate(a: Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    // Logs go to stderr: a member's stdout is read by the coordinator.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let mut a = Args::parse();
     let tokio = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     match a.member.clone() {

@@ -27,6 +27,15 @@ async fn join(rt: &Runtime, etcd: &EtcdServer, prefix: &str, label: &str) -> Clu
     Cluster::join(rt, directory(etcd, prefix).await, JoinOptions::new(label)).await.expect("join")
 }
 
+/// Members `a` and `b` of the cluster under `pre`, once `a` has seen `b`.
+async fn two_members(etcd: &EtcdServer, pre: &str) -> (Runtime, Runtime, Cluster, Cluster) {
+    let (ra, rb) = (runtime(main_provider()), runtime(main_provider()));
+    let a = join(&ra, etcd, pre, "a").await;
+    let b = join(&rb, etcd, pre, "b").await;
+    a.wait_for("b", Duration::from_secs(5)).await.expect("a sees b");
+    (ra, rb, a, b)
+}
+
 fn id(rt: &Runtime) -> MemberId {
     MemberId(rt.id())
 }
@@ -103,13 +112,8 @@ fn members_find_each_other_and_connect_by_label_and_id() {
 #[test]
 fn a_clean_leave_is_seen_at_once_and_loses_its_endpoints() {
     let etcd = EtcdServer::start();
-    let p = main_provider();
     bounded(60, async {
-        let pre = prefix("leave");
-        let (ra, rb) = (runtime(p), runtime(p));
-        let a = join(&ra, &etcd, &pre, "a").await;
-        let b = join(&rb, &etcd, &pre, "b").await;
-        a.wait_for("b", Duration::from_secs(5)).await.expect("a sees b");
+        let (_ra, rb, a, b) = two_members(&etcd, &prefix("leave")).await;
         let mut events = a.events();
         assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
         let (ea, eb) = tokio::join!(a.connect_label("b"), b.accept());
@@ -199,10 +203,8 @@ fn outage(name: &str, kill: bool, away: Duration) {
     let p = main_provider();
     bounded(90, async {
         let pre = prefix(name);
-        let (ra, rb, rc) = (runtime(p), runtime(p), runtime(p));
-        let a = join(&ra, &etcd, &pre, "a").await;
-        let b = join(&rb, &etcd, &pre, "b").await;
-        a.wait_for("b", Duration::from_secs(5)).await.expect("a sees b");
+        let (_ra, _rb, a, b) = two_members(&etcd, &pre).await;
+        let rc = runtime(p);
         let mut events = a.events();
         assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
         let (ea, eb) = tokio::join!(a.connect_label("b"), b.accept());
@@ -279,12 +281,9 @@ fn entry(id: u64, label: &str, addr: &str, provider: &str) -> String {
 #[test]
 fn entries_that_lie_are_refused_and_others_unaffected() {
     let etcd = EtcdServer::start();
-    let p = main_provider();
     bounded(60, async {
         let pre = prefix("liars");
-        let (ra, rb) = (runtime(p), runtime(p));
-        let a = join(&ra, &etcd, &pre, "a").await;
-        let b = join(&rb, &etcd, &pre, "b").await;
+        let (ra, _rb, a, b) = two_members(&etcd, &pre).await;
         let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
         let b_addr = b.local_addr().to_string();
         let key = |id: u64| format!("{pre}/members/{id:016x}");
