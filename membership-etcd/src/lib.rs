@@ -185,3 +185,25 @@ fn failed(opts: &EtcdOptions, why: MembershipFailure, detail: String) -> Error {
 fn unreachable(opts: &EtcdOptions, detail: String) -> Error {
     failed(opts, MembershipFailure::DirectoryUnreachable, detail)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The only test that touches these variables.
+    #[test]
+    fn options_come_from_the_environment() {
+        std::env::remove_var("RDMALANE_ETCD");
+        assert!(EtcdOptions::from_env().is_none(), "unset: no etcd");
+        std::env::set_var("RDMALANE_ETCD", " etcd-0:2379, ,etcd-1:2379 ");
+        std::env::remove_var("RDMALANE_CLUSTER");
+        let o = EtcdOptions::from_env().expect("set");
+        assert_eq!(o.endpoints, ["etcd-0:2379", "etcd-1:2379"]);
+        assert_eq!(o.prefix, "/rdmalane");
+        std::env::set_var("RDMALANE_CLUSTER", "/prod");
+        assert_eq!(EtcdOptions::from_env().expect("set").prefix, "/prod");
+        std::env::set_var("RDMALANE_ETCD", " , ");
+        assert!(EtcdOptions::from_env().is_none(), "empty: no etcd");
+        assert_eq!(EtcdOptions::new(["x"], "/p").ttl(Duration::from_millis(10)).ttl, Duration::from_secs(1));
+    }
+}
