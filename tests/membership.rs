@@ -181,6 +181,47 @@ fn a_killed_member_leaves_within_its_lease() {
     });
 }
 
+#[test]
+fn a_member_whose_lease_runs_out_is_lost_and_then_publishes_again() {
+    let etcd = EtcdServer::start();
+    bounded(60, async {
+        let pre = prefix("expired");
+        let (_ra, rb, a, b) = two_members(&etcd, &pre).await;
+        let mut events = a.events();
+        assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
+        let (ea, eb) = tokio::join!(a.connect_label("b"), b.accept());
+        let link = Link::new(ea.expect("connect"), eb.expect("accept")).await;
+        link.write(1).await.expect("before the lease goes");
+
+        // The lease goes while b lives and its connections stay open (an operator revoked it,
+        // or b was cut off from etcd for longer than its TTL).
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
+        let key = format!("{pre}/members/{}", id(&rb));
+        let lease = client.get(key, None).await.expect("get").kvs()[0].lease();
+        client.lease_revoke(lease).await.expect("revoke");
+        match next(&mut events, 5, "b's lease gone").await {
+            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
+            ev => panic!("expected b to leave, saw {ev:?}"),
+        }
+        let e = loop {
+            match link.write(2).await {
+                Err(e) => break e,
+                Ok(()) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        assert!(e.is_peer_lost(), "the same typed error as a lost connection: {e}");
+
+        // b notices at its next renewal and publishes again, under the same id.
+        match next(&mut events, 10, "b back").await {
+            MemberEvent::Joined(m) => assert_eq!(m.id, Some(id(&rb))),
+            ev => panic!("expected b to join again, saw {ev:?}"),
+        }
+        let (ea, eb) = tokio::join!(a.connect(id(&rb)), b.accept());
+        let again = Link::new(ea.expect("connect again"), eb.expect("accept")).await;
+        again.write(3).await.expect("b works again");
+    });
+}
+
 /// Start the member process and read its `JOINED <id>` line.
 fn spawn_member(
     mut cmd: Command,
