@@ -13,7 +13,7 @@ etcd --name local --data-dir "$dir/data" \
   --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
   --initial-cluster "local=http://127.0.0.1:$peer" >"$dir/etcd.log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 200); do
   curl -fsS "http://127.0.0.1:$client/health" 2>/dev/null | grep -q '"health":"true"' && break
   kill -0 $pid 2>/dev/null || { cat "$dir/etcd.log" >&2; exit 1; }
