@@ -36,6 +36,11 @@ async fn two_members(etcd: &EtcdServer, pre: &str) -> (Runtime, Runtime, Cluster
     (ra, rb, a, b)
 }
 
+/// An address where nobody listens (bound, then let go).
+fn dead_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+}
+
 fn id(rt: &Runtime) -> MemberId {
     MemberId(rt.id())
 }
@@ -63,6 +68,12 @@ impl Link {
     async fn new(a: Endpoint, b: Endpoint) -> Link {
         let (target, remote) = expose_to(&b, &a, 64 << 10, Access::READ_WRITE).await;
         Link { a, _b: b, target, remote }
+    }
+
+    /// `a` connects to `b`'s label `"b"`, `b` accepts.
+    async fn between(a: &Cluster, b: &Cluster) -> Link {
+        let (ea, eb) = tokio::join!(a.connect_label("b"), b.accept());
+        Link::new(ea.expect("connect"), eb.expect("accept")).await
     }
 
     async fn write(&self, seed: u64) -> Result<(), Error> {
@@ -116,8 +127,7 @@ fn a_clean_leave_is_seen_at_once_and_loses_its_endpoints() {
         let (_ra, rb, a, b) = two_members(&etcd, &prefix("leave")).await;
         let mut events = a.events();
         assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
-        let (ea, eb) = tokio::join!(a.connect_label("b"), b.accept());
-        let link = Link::new(ea.expect("connect"), eb.expect("accept")).await;
+        let link = Link::between(&a, &b).await;
         link.write(1).await.expect("before the leave");
 
         let t0 = Instant::now();
@@ -189,8 +199,7 @@ fn a_member_whose_lease_runs_out_is_lost_and_then_publishes_again() {
         let (_ra, rb, a, b) = two_members(&etcd, &pre).await;
         let mut events = a.events();
         assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
-        let (ea, eb) = tokio::join!(a.connect_label("b"), b.accept());
-        let link = Link::new(ea.expect("connect"), eb.expect("accept")).await;
+        let link = Link::between(&a, &b).await;
         link.write(1).await.expect("before the lease goes");
 
         // The lease goes while b lives and its connections stay open (an operator revoked it,
@@ -248,8 +257,7 @@ fn outage(name: &str, kill: bool, away: Duration) {
         let rc = runtime(p);
         let mut events = a.events();
         assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
-        let (ea, eb) = tokio::join!(a.connect_label("b"), b.accept());
-        let link = Link::new(ea.expect("connect"), eb.expect("accept")).await;
+        let link = Link::between(&a, &b).await;
 
         match kill {
             true => etcd.kill(),
@@ -325,7 +333,7 @@ fn entries_that_lie_are_refused_and_others_unaffected() {
     bounded(60, async {
         let pre = prefix("liars");
         let (ra, _rb, a, b) = two_members(&etcd, &pre).await;
-        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let dead = dead_addr();
         let b_addr = b.local_addr().to_string();
         let key = |id: u64| format!("{pre}/members/{id:016x}");
         put_raw(&etcd, key(0x1111), entry(0x1111, "dead", &dead, ra.provider())).await;
@@ -359,8 +367,7 @@ fn entries_that_lie_are_refused_and_others_unaffected() {
         drop(eb);
 
         // The honest pair is unaffected.
-        let (ea, eb) = tokio::join!(a.connect_label("b"), b.accept());
-        let link = Link::new(ea.expect("connect"), eb.expect("accept")).await;
+        let link = Link::between(&a, &b).await;
         link.write(7).await.expect("a and b still work");
     });
 }
@@ -375,7 +382,7 @@ fn a_restarted_runtime_supersedes_its_old_entry() {
         let a = join(&ra, &etcd, &pre, "a").await;
         // The old process's entry, still there (its lease not yet run out), at an address
         // where nothing answers now.
-        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let dead = dead_addr();
         put_raw(&etcd, format!("{pre}/members/{:016x}", 0x7777), entry(0x7777, "svc", &dead, ra.provider()))
             .await;
         a.wait_for("svc", Duration::from_secs(5)).await.expect("the old entry");
@@ -397,7 +404,7 @@ fn a_restarted_runtime_supersedes_its_old_entry() {
 fn etcd_unreachable_at_start_fails_in_time_or_falls_back() {
     let p = main_provider();
     bounded(30, async {
-        let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let nobody = dead_addr();
         let opts = EtcdOptions::new([nobody.as_str()], "/x").connect_timeout(Duration::from_secs(1));
         let t0 = Instant::now();
         let e = EtcdMembership::connect(opts.clone()).await.expect_err("nobody there");
