@@ -4,6 +4,7 @@ pub(crate) mod batch;
 pub(crate) mod control;
 pub(crate) mod error;
 pub(crate) mod imm;
+pub(crate) mod lane_map;
 pub(crate) mod refusal;
 pub(crate) mod remote;
 pub(crate) mod sched;

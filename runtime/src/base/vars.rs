@@ -21,10 +21,15 @@ pub(crate) fn poll_spacing(v: Option<String>) -> Result<Option<Duration>> {
 
 /// `RDMALANE_TRUST_LOCAL_PEERS`'s value `v` (if set): 1 or 0 (`true`/`yes`, `false`/`no`).
 pub(crate) fn trust_local_peers(v: Option<String>) -> Result<Option<bool>> {
+    flag("RDMALANE_TRUST_LOCAL_PEERS", v)
+}
+
+/// Switch variable `name`'s value `v` (if set): 1 or 0 (`true`/`yes`, `false`/`no`).
+pub(crate) fn flag(name: &str, v: Option<String>) -> Result<Option<bool>> {
     match v.as_deref().map(str::trim) {
         None => Ok(None),
         Some("1" | "true" | "yes") => Ok(Some(true)),
         Some("0" | "false" | "no") => Ok(Some(false)),
-        Some(v) => Err(invalid(format!("RDMALANE_TRUST_LOCAL_PEERS={v}: want 1 or 0"))),
+        Some(v) => Err(invalid(format!("{name}={v}: want 1 or 0"))),
     }
 }

@@ -113,6 +113,7 @@ fn local(rt: &Runtime) -> Local {
         id: rt.id(),
         provider: rt.provider().to_string(),
         rails: rt.caps().rails.max(1) as u8,
+        express: rt.express_rail(),
         secret: rt.secret().map(Arc::from),
         nonce: rand::random(),
     }
@@ -174,14 +175,7 @@ pub(super) async fn drive(
                 outbox = Some(rx);
                 // A failed add closes the lanes itself: the guard lets go of them first.
                 let slots = rt
-                    .add_peer(
-                        them.id,
-                        opened.take(),
-                        them.names.clone(),
-                        them.rails as usize,
-                        label.clone(),
-                        ctl,
-                    )
+                    .add_peer(them.id, opened.take(), them.names.clone(), them.map(), label.clone(), ctl)
                     .map_err(DriveError::Runtime)?;
                 added.slots = Some(slots);
                 hs.peer_added();

@@ -33,6 +33,8 @@ pub(crate) struct Local {
     pub id: u64,
     pub provider: String,
     pub rails: u8,
+    /// Its rail 0 is an express rail.
+    pub express: bool,
     pub secret: Option<Arc<[u8]>>,
     /// The nonce this side's hello carries (fresh per handshake).
     pub nonce: [u8; 32],
@@ -267,6 +269,7 @@ fn hello_of(local: &Local, names: Vec<Vec<u8>>) -> Hello {
         auth: local.secret.is_some(),
         provider: local.provider.clone(),
         rails: local.rails,
+        express: local.express,
         names,
     }
 }
@@ -293,8 +296,14 @@ pub(crate) fn drive_acceptor_with(bytes: &[u8], cuts: &[u8], secret: Option<&[u8
     // Magic, version, id, nonce, flags, rails, provider length, lane count; a lane address's
     // length; the ready mark.
     const LEAST: usize = 4 + 2 + 8 + 32 + 1 + 1 + 2 + 1 + PROVIDER.len() + 2 + 1;
-    let local =
-        Local { id: 1, provider: PROVIDER.into(), rails: 1, secret: secret.map(Arc::from), nonce: [7; 32] };
+    let local = Local {
+        id: 1,
+        provider: PROVIDER.into(),
+        rails: 1,
+        express: false,
+        secret: secret.map(Arc::from),
+        nonce: [7; 32],
+    };
     let mut hs = Handshake::accept(local);
     let (mut rest, mut cut) = (bytes, cuts.iter().cycle());
     let mut sent = 0usize;
@@ -334,6 +343,7 @@ mod tests {
             id,
             provider: "shm".into(),
             rails: 1,
+            express: false,
             secret: secret.map(|s| Arc::from(s.as_bytes())),
             nonce: [id as u8; 32],
         }

@@ -3,6 +3,7 @@
 //! field from a stranger's bytes, refusing anything malformed before it allocates more than one
 //! field's limit, and asking for exactly the bytes the next field needs (the socket is never
 //! read past the handshake).
+use crate::base::lane_map::LaneMap;
 use crate::base::refusal::{Failure, RefusalReason};
 
 pub(super) const MAGIC: &[u8; 4] = b"RDLN";
@@ -10,7 +11,8 @@ pub(super) const MAGIC: &[u8; 4] = b"RDLN";
 /// The handshake's protocol version: peers of another version are refused at connect.
 // 4: the control connection carries framed messages (`control`), not only heartbeat bytes.
 // 5: `Asleep` and `Kick`, so a reactor asleep on shm is woken for its peers' ops.
-pub const PROTOCOL_VERSION: u16 = 5;
+// 6: the express flag, which moves the bulk lanes off rail 0 (`LaneMap`).
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Lanes a hello may carry.
 pub(super) const MAX_LANES: usize = 64;
@@ -28,8 +30,10 @@ pub(crate) struct Hello {
     /// This side requires the shared secret.
     pub auth: bool,
     pub provider: String,
-    /// Rails this side spans: its lane i runs on rail `rail_of(i, rails)`.
+    /// Rails this side spans: its lane i runs on rail `self.map().rail_of(i)`.
     pub rails: u8,
+    /// Its rail 0 is an express rail (flag bit 1).
+    pub express: bool,
     /// One fabric address per lane.
     pub names: Vec<Vec<u8>>,
 }
@@ -41,7 +45,7 @@ impl Hello {
         out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
         out.extend_from_slice(&self.id.to_le_bytes());
         out.extend_from_slice(&self.nonce);
-        out.push(u8::from(self.auth));
+        out.push(u8::from(self.auth) | u8::from(self.express) << 1);
         out.push(self.rails);
         out.extend_from_slice(&(self.provider.len() as u16).to_le_bytes());
         out.extend_from_slice(self.provider.as_bytes());
@@ -51,6 +55,11 @@ impl Hello {
             out.extend_from_slice(name);
         }
         out
+    }
+
+    /// How this side's lanes sit on its rails.
+    pub(crate) fn map(&self) -> LaneMap {
+        LaneMap { rails: usize::from(self.rails.max(1)), express: self.express }
     }
 }
 
@@ -111,6 +120,7 @@ impl Default for HelloReader {
                 auth: false,
                 provider: String::new(),
                 rails: 0,
+                express: false,
                 names: Vec::new(),
             },
         }
@@ -180,10 +190,11 @@ impl HelloReader {
                 Field::Flags
             }
             Field::Flags => {
-                if b[0] > 1 {
+                if b[0] > 3 {
                     return Err(bad(format!("unknown hello flags {:#x}", b[0])));
                 }
-                self.hello.auth = b[0] == 1;
+                self.hello.auth = b[0] & 1 == 1;
+                self.hello.express = b[0] & 2 == 2;
                 Field::Rails
             }
             Field::Rails => {
@@ -269,7 +280,7 @@ mod tests {
     use super::*;
 
     fn sample(names: Vec<Vec<u8>>, provider: String, rails: u8) -> Hello {
-        Hello { id: 7, nonce: [3; 32], auth: false, provider, rails, names }
+        Hello { id: 7, nonce: [3; 32], auth: false, provider, rails, express: rails > 1, names }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::base::batch::Layout;
 use crate::base::control::Ctl;
 use crate::base::error::{OpKind, TransportError};
+use crate::base::lane_map::LaneMap;
 use crate::base::sched::{Class, TenantId};
 use crate::base::transport::{Access, LaneId, LocalSeg, MemoryRegion, WrKind};
 use crate::reactor::cell::OpCell;
@@ -153,8 +154,8 @@ pub(crate) enum Cmd {
         /// never mistaken for the peer an op was made for.
         id: u64,
         lanes: Vec<PeerLane>,
-        /// The peer's rail count: its lane with place i runs on `rail_of(i, rails)`.
-        rails: usize,
+        /// The peer's rails: its lane with place i runs on `map.rail_of(i)`.
+        map: LaneMap,
         label: String,
         /// Where the reactor's messages to the peer go (its control connection).
         ctl: UnboundedSender<Ctl>,

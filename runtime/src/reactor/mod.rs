@@ -40,7 +40,6 @@ use crate::reactor::cell::{Done, OpCell};
 use cmd::{Cmd, OpReq};
 use complete::note_chunk_error;
 pub(crate) use idle::Idle;
-pub(crate) use peers::rail_of;
 use peers::Peers;
 pub(crate) use post::AtOnce;
 pub(crate) use shutdown::Phase;
@@ -315,8 +314,8 @@ impl Reactor {
             Cmd::OpenLanes { rails, reply } => {
                 let _ = reply.send(self.open_lanes(rails));
             }
-            Cmd::AddPeer { id, lanes, rails, label, ctl, reply } => {
-                let _ = reply.send(self.add_peer(id, lanes, rails, label, ctl));
+            Cmd::AddPeer { id, lanes, map, label, ctl, reply } => {
+                let _ = reply.send(self.add_peer(id, lanes, map, label, ctl));
             }
             Cmd::CloseLanes { lanes } => lanes.iter().for_each(|&l| self.t.close_lane(l)),
             Cmd::RemovePeer { slot } => self.remove_peer(slot),

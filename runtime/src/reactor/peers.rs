@@ -11,6 +11,7 @@ use super::cmd::{OpenedLane, PeerLane, PeerSlot};
 use super::{Phase, Reactor};
 use crate::base::control::Ctl;
 use crate::base::error::{Error, FailureClass, TransportError};
+use crate::base::lane_map::LaneMap;
 use crate::base::sched::OpId;
 use crate::base::stats::Counters;
 use crate::base::transport::{LaneId, PeerAddr, RailId};
@@ -205,17 +206,6 @@ impl Peer {
     }
 }
 
-/// The rail lane `i` of a connection runs on, at a side with `rails` rails: the first lane
-/// (messages, the express lane) on rail 0, the bulk lanes round robin over all rails. Both
-/// sides compute it, each with the other's rail count, so keys match lanes.
-pub(crate) fn rail_of(i: usize, rails: usize) -> RailId {
-    if i == 0 || rails <= 1 {
-        RailId(0)
-    } else {
-        RailId((i - 1) % rails)
-    }
-}
-
 impl Reactor {
     /// The reactor thread is about to sleep. A provider without a wait object (shm) cannot wake
     /// it when a peer's op needs its progress (a message to take in, a one-sided op to check),
@@ -280,7 +270,7 @@ impl Reactor {
         &mut self,
         id: u64,
         lanes: Vec<PeerLane>,
-        rails: usize,
+        map: LaneMap,
         label: String,
         ctl: UnboundedSender<Ctl>,
     ) -> Result<PeerSlot, TransportError> {
@@ -291,12 +281,12 @@ impl Reactor {
         let res: Result<Vec<Route>, TransportError> = lanes
             .iter()
             .map(|l| {
-                let peer_rail = rail_of(l.place, rails);
+                let peer_rail = map.rail_of(l.place);
                 self.t.connect_lane(l.lane, &l.peer_name).map(|addr| Route { lane: l.lane, addr, peer_rail })
             })
             .collect();
         match res {
-            Ok(connected) => Ok(self.peers.insert(Peer::new(id, label, connected, rails, ctl))),
+            Ok(connected) => Ok(self.peers.insert(Peer::new(id, label, connected, map.rails, ctl))),
             Err(e) => {
                 lanes.iter().for_each(|l| self.t.close_lane(l.lane));
                 Err(e)

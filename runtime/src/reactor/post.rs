@@ -378,6 +378,10 @@ impl Reactor {
         let posted = lease::post(self.t.as_mut(), &wr);
         if posted.is_ok() {
             Counters::add(&self.counters.posted);
+            if !matches!(kind, WrKind::Recv) {
+                let rail = self.lane_rail.get(lane.index()).copied().unwrap_or_default();
+                self.counters.add_rail_bytes(rail, local.len);
+            }
         }
         (id, posted)
     }

@@ -70,7 +70,14 @@ fn rig_with(sched: SchedConfig, lanes: usize, max_msg_size: usize) -> Rig {
         .collect();
     let (ctl, told) = unbounded_channel();
     let (reply, got) = mpsc::sync_channel(1);
-    r.handle(Cmd::AddPeer { id: 7, lanes: mine, rails: 1, label: "peer".into(), ctl, reply });
+    r.handle(Cmd::AddPeer {
+        id: 7,
+        lanes: mine,
+        map: crate::base::lane_map::LaneMap::SINGLE,
+        label: "peer".into(),
+        ctl,
+        reply,
+    });
     let slot = got.recv().expect("a reply").expect("a peer");
     Rig { r, script, counters, slot, told, now: Instant::now(), mem: vec![0; 1 << 20], tx }
 }

@@ -11,6 +11,7 @@ use super::settings::{self, RailGroups, Settings};
 use super::{Driver, Group, Inner, Runtime};
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::imm::ImmQueue;
+use crate::base::lane_map::LaneMap;
 use crate::base::refusal::RefusalCounters;
 use crate::base::sched::SchedConfig;
 use crate::base::stats::Counters;
@@ -95,6 +96,22 @@ impl Builder {
     /// reactor itself. `Duration::ZERO` turns it off.
     pub fn await_spin(mut self, d: Duration) -> Self {
         self.settings.await_spin = Some(d);
+        self
+    }
+
+    /// Give the latency class progress of its own (or `RDMALANE_EXPRESS=1|0` when unset here):
+    /// an **express rail**, a second transport on rail 0's NIC with a reactor thread of its
+    /// own, carries each peer's first lane (messages and latency-class ops), while bulk
+    /// one-sided ops go to the other rail group(s). On software providers (tcp;ofi_rxm, shm)
+    /// a bulk chunk's copy runs inside the provider call, on the reactor that posts it; with
+    /// the express rail a 16 B op never waits behind it. It costs a second reactor thread (a
+    /// busy core under load; it sleeps when idle) and a registration per rail more.
+    /// Unset: on with the thread driver, a software provider and 8 cores or more; off
+    /// otherwise (a hardware NIC moves the bytes itself, so splitting serves the latency class
+    /// there). The inline driver runs one reactor and has no express rail. The runtime logs
+    /// which layout it took; [`Runtime::express_rail`](crate::Runtime::express_rail) says it.
+    pub fn express_rail(mut self, on: bool) -> Self {
+        self.settings.express = Some(on);
         self
     }
 
@@ -249,8 +266,6 @@ impl Builder {
         if let Some(cap) = set.max_message {
             caps.max_msg_size = caps.max_msg_size.min(cap);
         }
-        // With several rails, one bulk lane per rail at least (behind the express lane).
-        let lanes = if caps.rails > 1 { lanes.max(1 + caps.rails).min(64) } else { lanes };
         caps.rails = caps.rails.max(1);
         caps.rail_numa.resize(caps.rails, None);
         let by_numa = |caps: &Caps| -> Vec<Vec<usize>> {
@@ -266,20 +281,39 @@ impl Builder {
             tracing::warn!(?groups, "the inline driver runs one reactor: the rail groups are merged");
             groups = vec![(0..caps.rails).collect()];
         }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let express = express_rail(set.express, self.driver, &caps, cores);
+        // The host rails each group's transport opens; with an express rail, the runtime's rail
+        // r > 0 is the host's rail r - 1, and rail 0 (the first group, alone) is host rail 0
+        // again, on a transport of its own.
+        let hosts = groups.clone();
+        let (groups, hosts) = if express {
+            let shifted = groups.iter().map(|g| g.iter().map(|r| r + 1).collect());
+            caps.rails += 1;
+            caps.rail_numa.insert(0, caps.rail_numa[0]);
+            (
+                std::iter::once(vec![0]).chain(shifted).collect(),
+                std::iter::once(vec![0]).chain(hosts).collect(),
+            )
+        } else {
+            (groups, hosts)
+        };
+        let map = LaneMap { rails: caps.rails, express };
+        let lanes = lanes.max(map.min_lanes()).min(settings::MAX_LANES);
         // One transport per group: the one just opened serves a single group; several open
         // their own shares of the rails (it is closed first, as they bind the same addresses).
-        let transports = if groups.len() == 1 {
+        let transports: Vec<Box<dyn crate::base::transport::Transport>> = if groups.len() == 1 {
             vec![transport]
         } else {
             drop(transport);
             let mut ts = Vec::with_capacity(groups.len());
-            for g in &groups {
+            for h in &hosts {
                 let mut c = config.clone();
-                c.rails = g.len();
-                c.rail_ids = g.clone();
+                c.rails = h.len();
+                c.rail_ids = h.clone();
                 ts.push(backend.open(&c)?);
             }
-            tracing::info!(?groups, "one reactor per rail group");
+            tracing::info!(?groups, express, "one reactor per rail group");
             ts
         };
         let imm = Arc::new(ImmQueue::default());
@@ -349,7 +383,6 @@ impl Builder {
                 core,
             });
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let await_spin = match (self.driver, set.await_spin) {
             (Driver::Inline, _) => AwaitSpin::OFF,
             (Driver::Thread, Some(d)) => AwaitSpin::new(d),
@@ -359,6 +392,7 @@ impl Builder {
             provider = %caps.provider,
             driver = ?self.driver,
             cores,
+            express,
             await_spin_us = await_spin.budget().as_micros() as u64,
             "rdmalane runtime started"
         );
@@ -369,6 +403,7 @@ impl Builder {
                 lanes,
                 caps,
                 groups: started,
+                map,
                 inline,
                 regs: std::sync::RwLock::new(Slab::new()),
                 fan_min,
@@ -385,6 +420,29 @@ impl Builder {
             }),
         })
     }
+}
+
+/// Cores a host needs for an express rail by default: a reactor thread for each group, the
+/// application's threads, and room to spare.
+const EXPRESS_MIN_CORES: usize = 8;
+
+/// Whether the runtime gets an express rail: as set, else on with the thread driver, a
+/// provider that copies bulk data inside its calls, and `EXPRESS_MIN_CORES` cores.
+fn express_rail(set: Option<bool>, driver: Driver, caps: &Caps, cores: usize) -> bool {
+    let software = ["tcp", "shm", "sockets", "udp"].iter().any(|p| caps.provider.starts_with(p));
+    let (on, why) = match (set, driver) {
+        (Some(true), Driver::Inline) => (false, "the inline driver runs one reactor"),
+        (Some(on), _) => (on, "as configured"),
+        (None, Driver::Inline) => (false, "the inline driver runs one reactor"),
+        (None, Driver::Thread) if !software => {
+            (false, "the NIC moves bulk data: splitting serves the latency class")
+        }
+        (None, Driver::Thread) if cores < EXPRESS_MIN_CORES => (false, "too few cores for a second reactor"),
+        (None, Driver::Thread) => (true, "a software provider with cores to spare"),
+    };
+    let on = on && caps.rails < crate::base::MAX_RAILS;
+    tracing::info!(express = on, provider = %caps.provider, cores, why, "lane layout");
+    on
 }
 
 /// The rail groups `RDMALANE_RAIL_GROUPS` names, where they fit a runtime of `rails` rails

@@ -12,6 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::base::control::Ctl;
 use crate::base::error::{Error, OpKind, Result, TransportError};
 use crate::base::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
+use crate::base::lane_map::LaneMap;
 use crate::base::refusal::RefusalCounters;
 use crate::base::sched::{Class, TenantId};
 use crate::base::stats::{Counters, Stats};
@@ -20,7 +21,6 @@ use crate::driver::handoff::AwaitSpin;
 use crate::driver::inline::{self, with_held, Slot};
 use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::{Cmd, Draft, OpReq, PeerLane};
-use crate::reactor::rail_of;
 use crate::reactor::Idle;
 use crate::reactor::{AtOnce, Reactor, SHUTDOWN_LIMIT};
 
@@ -111,6 +111,9 @@ struct Inner {
     caps: Caps,
     /// One per rail group; the first holds rail 0 and takes messages and small ops.
     groups: Vec<Group>,
+    /// This side's rails as its lanes sit on them: with an express rail, the first group
+    /// holds it alone and bulk one-sided ops go to the others.
+    map: LaneMap,
     /// The one reactor, when the caller of `block_on` drives it.
     inline: Option<Slot>,
     /// Registrations on several groups (unused with one).
@@ -297,6 +300,14 @@ impl Runtime {
         (0..rails)
             .map(|r| self.inner.counters.iter().map(|c| c.rail_bytes[r].load(Ordering::Relaxed)).sum())
             .collect()
+    }
+
+    /// Whether this runtime has an express rail (see
+    /// [`Builder::express_rail`](crate::Builder::express_rail)): its rail 0 is then a transport
+    /// of its own on the first NIC, with its own reactor, carrying messages and latency-class
+    /// ops, and [`caps`](Self::caps)`().rails` counts it.
+    pub fn express_rail(&self) -> bool {
+        self.inner.map.express
     }
 
     /// Who drives this runtime's reactor.
@@ -555,11 +566,11 @@ impl Runtime {
         (GroupId::FIRST, 0)
     }
 
-    /// Open `n` lanes for a new peer: lane i on rail `rail_of(i, rails)`, by that rail's group.
+    /// Open `n` lanes for a new peer: lane i on rail `map.rail_of(i)`, by that rail's group.
     /// Returns them in lane order with their addresses.
     pub(crate) fn open_lanes(&self, peer: &str, n: usize) -> Result<Vec<(Lane, Vec<u8>)>> {
-        let rails = self.inner.caps.rails;
-        let at: Vec<(GroupId, usize)> = (0..n).map(|i| self.group_of_rail(rail_of(i, rails))).collect();
+        let map = self.inner.map;
+        let at: Vec<(GroupId, usize)> = (0..n).map(|i| self.group_of_rail(map.rail_of(i))).collect();
         let mut out: Vec<Option<(Lane, Vec<u8>)>> = vec![None; n];
         let mut failure = None;
         for (g, _) in self.groups() {
@@ -600,7 +611,7 @@ impl Runtime {
         id: u64,
         lanes: Vec<Lane>,
         names: Vec<Vec<u8>>,
-        rails: usize,
+        map: LaneMap,
         label: String,
         ctl: UnboundedSender<Ctl>,
     ) -> Result<Slots> {
@@ -618,7 +629,7 @@ impl Runtime {
                 .call_on(g, OpKind::Connect, |reply| Cmd::AddPeer {
                     id,
                     lanes: mine,
-                    rails,
+                    map,
                     label: l,
                     ctl: c,
                     reply,
@@ -694,23 +705,34 @@ impl Runtime {
         }
     }
 
-    /// An op on several groups: a bulk one-sided op the endpoint let fan out is split across
-    /// the groups in proportion to their rails; anything else goes whole to the first group.
+    /// An op on several groups. With an express rail (the first group holds it alone), a bulk
+    /// one-sided op the endpoint let fan out goes to the other groups, split in proportion to
+    /// their rails, and everything else (messages, the latency class) to the first, whose
+    /// reactor then never waits behind a bulk chunk's copy. Without one, a bulk one-sided op
+    /// of `fan_min` bytes or more is split across every group, and the rest goes to the first.
     /// Either way each part names its group's descriptor for the local memory.
     fn submit_groups(&self, mut req: OpReq) {
-        let fan = req.slots.take().filter(|_| {
-            req.len() >= self.inner.fan_min && req.class != Some(crate::base::sched::Class::Latency)
-        });
+        let express = self.inner.map.express;
+        let bulk = match req.class {
+            Some(c) => c == Class::Bulk,
+            None => req.len() > self.inner.latency_threshold,
+        };
+        let fan = req.slots.take().filter(|_| bulk && (express || req.len() >= self.inner.fan_min));
         let Some(slots) = fan else {
             return self.submit_to(GroupId::FIRST, req);
         };
         let weights: Vec<usize> = self
-            .inner
-            .groups
-            .iter()
+            .groups()
             .zip(slots.by_group.iter())
-            .map(|(g, s)| if s.is_some() { g.rails.len() } else { 0 })
+            .map(|((g, group), s)| match s {
+                Some(_) if !(express && g == GroupId::FIRST) => group.rails.len(),
+                _ => 0,
+            })
             .collect();
+        if weights.iter().all(|&w| w == 0) {
+            // A peer whose lanes all sit in the first group (it asked for one lane).
+            return self.submit_to(GroupId::FIRST, req);
+        }
         for (g, part) in crate::runtime::fanout::split(req, &slots.by_group, &weights) {
             self.submit_to(g, part);
         }

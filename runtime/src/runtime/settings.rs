@@ -21,6 +21,7 @@ pub(crate) struct Settings {
     pub trust_local_peers: Option<bool>,
     pub poll_spacing: Option<Duration>,
     pub await_spin: Option<Duration>,
+    pub express: Option<bool>,
     pub mr_cache_bytes: Option<usize>,
     pub max_message: Option<usize>,
     pub peer_timeout: Option<Duration>,
@@ -54,6 +55,8 @@ pub(crate) struct Resolved {
     /// How long a latency-class op's poll watches for its completion before parking; `None`:
     /// by the host's cores (`driver::handoff::default_budget`).
     pub await_spin: Option<Duration>,
+    /// An express rail (see `LaneMap`); `None`: by the host's cores and the provider.
+    pub express: Option<bool>,
     pub mr_cache_bytes: usize,
     pub max_message: Option<usize>,
     pub peer_timeout: Duration,
@@ -121,6 +124,7 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         trust_local_peers: pick(s.trust_local_peers, trust_env, false),
         poll_spacing: s.poll_spacing.or(poll_spacing_env),
         await_spin: s.await_spin.or(await_spin_env),
+        express: s.express.or(vars::flag("RDMALANE_EXPRESS", var("RDMALANE_EXPRESS"))?),
         mr_cache_bytes: pick(s.mr_cache_bytes, num("RDMALANE_MR_CACHE_BYTES")?, MR_CACHE_BYTES),
         max_message,
         peer_timeout: pick(s.peer_timeout, peer_timeout_env, PEER_TIMEOUT).max(PEER_TIMEOUT_MIN),
@@ -254,6 +258,18 @@ mod tests {
             |r| r.await_spin,
             (None, us(20), us(0)),
         );
+    }
+
+    #[test]
+    fn express() {
+        rule(
+            ("RDMALANE_EXPRESS", "1"),
+            |s| s.express = Some(false),
+            |r| r.express,
+            (None, Some(true), Some(false)),
+        );
+        let bad = resolve(&Settings::default(), &with(&[("RDMALANE_EXPRESS", "maybe")])).unwrap_err();
+        assert!(bad.to_string().contains("RDMALANE_EXPRESS=maybe"), "{bad}");
     }
 
     #[test]
