@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdmalane::{Access, Driver, Pieces, Runtime};
-use rdmalane_conformance::{bounded, expose_to, filled, pair, pattern, rail_providers, shuffled_pages};
+use rdmalane_conformance::{
+    bounded, expose_to, filled, pair, pattern, rail_providers, shuffled_pages, watchdog,
+};
 
 fn express(provider: &str) -> Runtime {
     rdmalane_conformance::builder(provider)
@@ -170,14 +172,53 @@ fn express_and_plain_runtimes_meet_both_ways() {
 }
 
 #[test]
-fn the_inline_driver_has_no_express_rail_and_the_variable_must_parse() {
-    let rt = rdmalane_conformance::builder("tcp").driver(Driver::Inline).express_rail(true).build().unwrap();
-    assert!(!rt.express_rail(), "one reactor: no express rail");
-    assert_eq!(rt.caps().rails, 1);
-    // Unset on this 2-core machine (CI): off.
-    let rt = rdmalane_conformance::builder("tcp").build().unwrap();
+fn under_the_inline_driver_the_caller_turns_the_express_rail_and_bulk_has_a_thread() {
+    let _guard = watchdog(90);
+    for p in rail_providers() {
+        let a = rdmalane_conformance::builder(p).driver(Driver::Inline).express_rail(true).build().unwrap();
+        let b = express(p);
+        assert!(a.express_rail(), "{p}");
+        assert_eq!(a.driver(), Driver::Inline);
+        let tokio = tokio::runtime::Runtime::new().unwrap();
+        let (ab, _ba) = tokio.block_on(async {
+            let l = b.listen("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let (x, y) = tokio::join!(a.connect(addr), l.accept());
+            (x.unwrap(), y.unwrap())
+        });
+        const LEN: usize = 8 << 20;
+        let target = b.expose(b.alloc(LEN).unwrap(), Access::READ_WRITE).unwrap();
+        let remote = target.descriptor();
+        let start = rails(&a);
+        let (want, src) = filled(&a, LEN, 4);
+        let back = a.block_on(async {
+            for i in 0..100u64 {
+                let mut s = a.alloc(16).unwrap();
+                s.copy_from_slice(&pattern(16, i));
+                ab.write_remote(s, &remote.slice(i * 16..(i + 1) * 16).unwrap()).await.0.unwrap();
+            }
+            let small = rails(&a);
+            assert_eq!(small, (start.0 + 1600, start.1), "{p}: small writes on the express rail alone");
+            ab.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: bulk write: {e}"));
+            let (n, back) = ab.read_remote(a.alloc(LEN).unwrap(), &remote).await;
+            assert_eq!(n.unwrap(), LEN, "{p}");
+            assert_eq!(rails(&a), (small.0, small.1 + 2 * LEN as u64), "{p}: bulk on the bulk rail's thread");
+            back
+        });
+        assert!(target.as_slice() == &want[..], "{p}: the bulk write's bytes");
+        assert!(back[..] == want[..], "{p}: the read's bytes");
+        drop(tokio);
+    }
+}
+
+#[test]
+fn express_is_off_by_default_on_few_cores() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let rt = rdmalane_conformance::builder("tcp").build().unwrap();
     if cores < 8 && std::env::var_os("RDMALANE_EXPRESS").is_none() {
         assert!(!rt.express_rail(), "off by default with {cores} cores");
+        assert_eq!(rt.caps().rails, 1);
     }
+    let rt = rdmalane_conformance::builder("tcp").express_rail(false).build().unwrap();
+    assert!(!rt.express_rail());
 }

@@ -282,7 +282,7 @@ impl Builder {
             groups = vec![(0..caps.rails).collect()];
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let express = express_rail(set.express, self.driver, &caps, cores);
+        let express = express_rail(set.express, &caps, cores);
         // The host rails each group's transport opens; with an express rail, the runtime's rail
         // r > 0 is the host's rail r - 1, and rail 0 (the first group, alone) is host rail 0
         // again, on a transport of its own.
@@ -307,10 +307,13 @@ impl Builder {
         } else {
             drop(transport);
             let mut ts = Vec::with_capacity(groups.len());
-            for h in &hosts {
+            for (g, h) in hosts.iter().enumerate() {
                 let mut c = config.clone();
                 c.rails = h.len();
                 c.rail_ids = h.clone();
+                // Under the inline driver only the first group is driven inline; the others
+                // have reactor threads, which sleep on the completion queue's fd.
+                c.no_wait_object = self.driver == Driver::Inline && g == 0;
                 ts.push(backend.open(&c)?);
             }
             tracing::info!(?groups, express, "one reactor per rail group");
@@ -329,6 +332,7 @@ impl Builder {
         let drained = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for (g, (rails, transport)) in groups.iter().zip(transports).enumerate() {
             let notifier = transport.notifier();
+            let wait_fd = transport.caps().wait_fd;
             let (tx, rx) = mpsc::channel();
             let idle = Arc::new(Idle::default());
             // Unpinned by the caller: next to the group's NICs where the host has several NUMA
@@ -351,14 +355,14 @@ impl Builder {
             let rail_ids: Vec<RailId> = rails.iter().copied().map(RailId).collect();
             reactor.set_group(GroupId(g), groups.len(), rail_ids.clone(), drained.clone());
             let (thread, thread_id) =
-                match self.driver {
-                    Driver::Inline => {
+                match (self.driver, g) {
+                    (Driver::Inline, 0) => {
                         inline = Some(Slot::new(reactor));
                         (None, None)
                     }
-                    Driver::Thread => {
+                    _ => {
                         let mut policy = self.idle;
-                        if caps.wait_fd {
+                        if wait_fd {
                             // The CQ's fd wakes the thread for completions and the eventfd for
                             // submissions and peer losses; the timeout only paces housekeeping
                             // (expiring unanswered control questions, which wait 10 s at least).
@@ -426,19 +430,16 @@ impl Builder {
 /// application's threads, and room to spare.
 const EXPRESS_MIN_CORES: usize = 8;
 
-/// Whether the runtime gets an express rail: as set, else on with the thread driver, a
-/// provider that copies bulk data inside its calls, and `EXPRESS_MIN_CORES` cores.
-fn express_rail(set: Option<bool>, driver: Driver, caps: &Caps, cores: usize) -> bool {
+/// Whether the runtime gets an express rail: as set, else on with a provider that copies bulk
+/// data inside its calls and `EXPRESS_MIN_CORES` cores. (Under the inline driver the caller's
+/// thread turns the express rail's reactor and the bulk rails get a thread.)
+fn express_rail(set: Option<bool>, caps: &Caps, cores: usize) -> bool {
     let software = ["tcp", "shm", "sockets", "udp"].iter().any(|p| caps.provider.starts_with(p));
-    let (on, why) = match (set, driver) {
-        (Some(true), Driver::Inline) => (false, "the inline driver runs one reactor"),
-        (Some(on), _) => (on, "as configured"),
-        (None, Driver::Inline) => (false, "the inline driver runs one reactor"),
-        (None, Driver::Thread) if !software => {
-            (false, "the NIC moves bulk data: splitting serves the latency class")
-        }
-        (None, Driver::Thread) if cores < EXPRESS_MIN_CORES => (false, "too few cores for a second reactor"),
-        (None, Driver::Thread) => (true, "a software provider with cores to spare"),
+    let (on, why) = match set {
+        Some(on) => (on, "as configured"),
+        None if !software => (false, "the NIC moves bulk data: splitting serves the latency class"),
+        None if cores < EXPRESS_MIN_CORES => (false, "too few cores for a second reactor"),
+        None => (true, "a software provider with cores to spare"),
     };
     let on = on && caps.rails < crate::base::MAX_RAILS;
     tracing::info!(express = on, provider = %caps.provider, cores, why, "lane layout");

@@ -354,9 +354,15 @@ impl Runtime {
     /// Takes the op's handle on the runtime, and lets go of it once the op is posted (off the
     /// latency path).
     pub(crate) fn submit(self, req: OpReq, polled: Option<&OpCell>) {
-        if self.inner.groups.len() > 1 {
-            return self.submit_groups(req);
-        }
+        let req = match self.inner.groups.len() {
+            1 => req,
+            // What goes whole to the first group takes the path below (the inline driver's
+            // hold included: under it, the first group is the one driven inline).
+            _ => match self.submit_groups(req) {
+                Some(req) => req,
+                None => return,
+            },
+        };
         if self.inner.groups[0].idle.shutdown.load(Ordering::Acquire) {
             Counters::add_shared(&self.inner.counters[0].rejected);
             req.cell.complete(Err(Error::Shutdown { op: req.op }));
@@ -386,13 +392,15 @@ impl Runtime {
     /// On the thread whose inline `block_on` holds this runtime's reactor: post `draft` over
     /// `seg` now if the reactor would post it straight away (see `Reactor::post_at_once`).
     /// The draft comes back anywhere else, for [`submit`](Self::submit).
-    pub(crate) fn post_at_once(&self, draft: Draft, seg: LocalSeg) -> Result<AtOnce, Draft> {
+    /// With an express rail the held reactor is the first group's, which takes what it would
+    /// post at once (the latency class, whole); bulk ops come back, for the other groups.
+    pub(crate) fn post_at_once(&self, draft: Draft, mut seg: LocalSeg) -> Result<AtOnce, Draft> {
         let inner = &self.inner;
-        if inner.inline.is_none()
-            || inner.groups.len() > 1
-            || inner.groups[0].idle.shutdown.load(Ordering::Acquire)
-        {
+        if inner.inline.is_none() || inner.groups[0].idle.shutdown.load(Ordering::Acquire) {
             return Err(draft);
+        }
+        if inner.groups.len() > 1 {
+            seg.desc = self.group_desc(seg.desc, GroupId::FIRST);
         }
         with_held(inner.id, draft, |r, draft| r.post_at_once(draft, seg)).unwrap_or_else(Err)
     }
@@ -710,8 +718,9 @@ impl Runtime {
     /// their rails, and everything else (messages, the latency class) to the first, whose
     /// reactor then never waits behind a bulk chunk's copy. Without one, a bulk one-sided op
     /// of `fan_min` bytes or more is split across every group, and the rest goes to the first.
-    /// Either way each part names its group's descriptor for the local memory.
-    fn submit_groups(&self, mut req: OpReq) {
+    /// Either way each part names its group's descriptor for the local memory. Hands back
+    /// the op when it goes whole to the first group, for the caller to post there.
+    fn submit_groups(&self, mut req: OpReq) -> Option<OpReq> {
         let express = self.inner.map.express;
         let bulk = match req.class {
             Some(c) => c == Class::Bulk,
@@ -719,7 +728,7 @@ impl Runtime {
         };
         let fan = req.slots.take().filter(|_| bulk && (express || req.len() >= self.inner.fan_min));
         let Some(slots) = fan else {
-            return self.submit_to(GroupId::FIRST, req);
+            return Some(self.to_first(req));
         };
         let weights: Vec<usize> = self
             .groups()
@@ -731,11 +740,18 @@ impl Runtime {
             .collect();
         if weights.iter().all(|&w| w == 0) {
             // A peer whose lanes all sit in the first group (it asked for one lane).
-            return self.submit_to(GroupId::FIRST, req);
+            return Some(self.to_first(req));
         }
         for (g, part) in crate::runtime::fanout::split(req, &slots.by_group, &weights) {
             self.submit_to(g, part);
         }
+        None
+    }
+
+    /// An op going whole to the first group: it names that group's descriptor.
+    fn to_first(&self, mut req: OpReq) -> OpReq {
+        req.seg.desc = self.group_desc(req.seg.desc, GroupId::FIRST);
+        req
     }
 
     /// Hand an op (or a part) to group `g`'s reactor, naming the group's own descriptor.
