@@ -221,4 +221,28 @@ fn express_is_off_by_default_on_few_cores() {
     }
     let rt = rdmalane_conformance::builder("tcp").express_rail(false).build().unwrap();
     assert!(!rt.express_rail());
+    // Fifo serves ops in arrival order: no latency class to give a rail of its own.
+    let fifo = rdmalane::sched::SchedConfig { mode: rdmalane::sched::Mode::Fifo, ..Default::default() };
+    let rt = rdmalane_conformance::builder("tcp").scheduler(fifo).express_rail(true).build().unwrap();
+    assert!(!rt.express_rail(), "fifo has no express rail");
+}
+
+#[test]
+fn a_one_lane_connection_still_keeps_bulk_off_the_express_rail() {
+    for p in rail_providers() {
+        bounded(60, async {
+            let (a, b) = (express(p), express(p));
+            let l = b.listen("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let (ab, _ba) = tokio::join!(a.connect_with_lanes(addr, 1), l.accept());
+            let ab = ab.unwrap();
+            const LEN: usize = 4 << 20;
+            let target = b.expose(b.alloc(LEN).unwrap(), Access::WRITE).unwrap();
+            let start = rails(&a);
+            let (want, src) = filled(&a, LEN, 2);
+            ab.write_remote(src, &target.descriptor()).await.0.unwrap();
+            assert!(target.as_slice() == &want[..], "{p}");
+            assert_eq!(rails(&a), (start.0, start.1 + LEN as u64), "{p}: a bulk lane was added for it");
+        });
+    }
 }

@@ -43,7 +43,9 @@ impl Runtime {
     }
 
     /// Connect with `lanes` lanes (1 to 64) instead of the runtime's default; the peer opens as
-    /// many. A refused handshake is an [`Error::Handshake`] naming the reason.
+    /// many. With an express rail there are 2 at least: the express lane, and one on the bulk
+    /// rail for bulk ops (which would otherwise share the express rail's reactor). A refused
+    /// handshake is an [`Error::Handshake`] naming the reason.
     pub async fn connect_with_lanes(
         &self,
         addr: impl ToSocketAddrs + std::fmt::Display,
@@ -52,6 +54,7 @@ impl Runtime {
         if !(1..=MAX_LANES).contains(&lanes) {
             return Err(Error::invalid(OpKind::Connect, format!("{lanes} lanes (1 to {MAX_LANES})")));
         }
+        let lanes = if self.express_rail() { lanes.max(2) } else { lanes };
         let label = addr.to_string();
         let limit = self.connect_timeout();
         let io = |e| Error::Io { op: OpKind::Connect, peer: label.as_str().into(), source: e };

@@ -13,7 +13,7 @@ use crate::base::error::{Error, OpKind, Result};
 use crate::base::imm::ImmQueue;
 use crate::base::lane_map::LaneMap;
 use crate::base::refusal::RefusalCounters;
-use crate::base::sched::SchedConfig;
+use crate::base::sched::{Mode, SchedConfig};
 use crate::base::stats::Counters;
 use crate::base::transport::{Backend, Caps, RailId, TransportConfig};
 use crate::driver::handoff::{self, AwaitSpin};
@@ -108,8 +108,10 @@ impl Builder {
     /// busy core under load; it sleeps when idle) and a registration per rail more.
     /// Unset: on with the thread driver, a software provider and 8 cores or more; off
     /// otherwise (a hardware NIC moves the bytes itself, so splitting serves the latency class
-    /// there). The inline driver runs one reactor and has no express rail. The runtime logs
-    /// which layout it took; [`Runtime::express_rail`](crate::Runtime::express_rail) says it.
+    /// there). Under the inline driver the caller's thread turns the express rail's reactor and
+    /// the bulk rails get a thread. The fifo scheduler, which has no latency class, has none.
+    /// The runtime logs which layout it took; [`Runtime::express_rail`](crate::Runtime::express_rail)
+    /// says it.
     pub fn express_rail(mut self, on: bool) -> Self {
         self.settings.express = Some(on);
         self
@@ -282,7 +284,7 @@ impl Builder {
             groups = vec![(0..caps.rails).collect()];
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let express = express_rail(set.express, &caps, cores);
+        let express = express_rail(set.express, set.sched.mode, &caps, cores);
         // The host rails each group's transport opens; with an express rail, the runtime's rail
         // r > 0 is the host's rail r - 1, and rail 0 (the first group, alone) is host rail 0
         // again, on a transport of its own.
@@ -433,9 +435,11 @@ const EXPRESS_MIN_CORES: usize = 8;
 /// Whether the runtime gets an express rail: as set, else on with a provider that copies bulk
 /// data inside its calls and `EXPRESS_MIN_CORES` cores. (Under the inline driver the caller's
 /// thread turns the express rail's reactor and the bulk rails get a thread.)
-fn express_rail(set: Option<bool>, caps: &Caps, cores: usize) -> bool {
+fn express_rail(set: Option<bool>, mode: Mode, caps: &Caps, cores: usize) -> bool {
     let software = ["tcp", "shm", "sockets", "udp"].iter().any(|p| caps.provider.starts_with(p));
     let (on, why) = match set {
+        // Fifo serves ops in arrival order, with no latency class to give a rail of its own.
+        _ if mode == Mode::Fifo => (false, "the fifo scheduler has no latency class"),
         Some(on) => (on, "as configured"),
         None if !software => (false, "the NIC moves bulk data: splitting serves the latency class"),
         None if cores < EXPRESS_MIN_CORES => (false, "too few cores for a second reactor"),
