@@ -176,8 +176,9 @@ impl Builder {
     /// per NUMA node the rails' NICs sit on, its reactor pinned to a core of that node (one
     /// group on a single-node host). Every rail belongs to one group. The group holding rail 0
     /// carries messages and small ops; a bulk one-sided op (a write, a read, a batch) is split
-    /// across the groups in proportion to their rails. With [`Driver::Inline`] there is one
-    /// reactor, whatever the groups.
+    /// across the groups in proportion to their rails. With [`Driver::Inline`] the groups are
+    /// merged into one reactor, the caller's (an express rail, see
+    /// [`express_rail`](Self::express_rail), still gets a second, on a thread).
     pub fn rail_groups<G: IntoIterator<Item = usize>>(mut self, groups: impl IntoIterator<Item = G>) -> Self {
         self.settings.rail_groups = Some(groups.into_iter().map(|g| g.into_iter().collect()).collect());
         self
@@ -280,7 +281,7 @@ impl Builder {
             RailGroups::Auto => by_numa(&caps),
         };
         if self.driver == Driver::Inline && groups.len() > 1 {
-            tracing::warn!(?groups, "the inline driver runs one reactor: the rail groups are merged");
+            tracing::warn!(?groups, "the inline driver turns one reactor: the rail groups are merged");
             groups = vec![(0..caps.rails).collect()];
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
