@@ -83,7 +83,7 @@ fn idle_pair_stays_quiet(make: fn(&str) -> Runtime, reactors: usize, what: &str)
 
 #[test]
 fn an_idle_connected_runtime_uses_at_most_two_percent_of_a_core() {
-    idle_pair_stays_quiet(|p| runtime(p), 1, "one reactor");
+    idle_pair_stays_quiet(runtime, 1, "one reactor");
 }
 
 #[test]
