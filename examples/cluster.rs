@@ -135,7 +135,7 @@ async fn member(
     // Everyone we learn of gets read from.
     {
         let (cluster2, tally, stop) = (cluster.clone(), tally.clone(), stop.clone());
-        let rt = rt.clone();
+        let (rt, ttl) = (rt.clone(), a.ttl);
         tokio::spawn(async move {
             let mut events = cluster2.events();
             let mut gone: BTreeMap<u64, Arc<AtomicBool>> = BTreeMap::new();
@@ -148,7 +148,16 @@ async fn member(
                         }
                         let left = Arc::new(AtomicBool::new(false));
                         gone.insert(id.0, left.clone());
-                        let job = reader(rt.clone(), cluster2.clone(), id, tally.clone(), stop.clone(), left);
+                        let grace = Duration::from_secs(ttl + 2);
+                        let job = reader(
+                            rt.clone(),
+                            cluster2.clone(),
+                            id,
+                            tally.clone(),
+                            stop.clone(),
+                            left,
+                            grace,
+                        );
                         tokio::spawn(job);
                     }
                     MemberEvent::Left { member, .. } => {
@@ -173,20 +182,23 @@ async fn reader(
     tally: Arc<Tally>,
     stop: Arc<AtomicBool>,
     left: Arc<AtomicBool>,
+    grace: Duration,
 ) {
     let fail = |what: String| {
         eprintln!("member {:016x}: {what}", rt.id());
         tally.failed.store(true, Ordering::SeqCst);
     };
+    // A member may be on its way out when we reach it: its listener closes before the
+    // directory says it left. A connect that fails is a failure only if it does not leave
+    // within the lease's time.
     let ep = match cluster.connect(id).await {
         Ok(ep) => ep,
-        // It may be leaving already; that is not a failure.
-        Err(e) if left.load(Ordering::SeqCst) || e.is_peer_lost() => return,
+        Err(e) if e.is_peer_lost() || leaves_within(&left, grace).await => return,
         Err(e) => return fail(format!("connect to {id}: {e}")),
     };
     let remote: RemoteBuf = match ep.recv_descriptor().await {
         Ok(r) => r,
-        Err(e) if e.is_peer_lost() => return,
+        Err(e) if e.is_peer_lost() || leaves_within(&left, grace).await => return,
         Err(e) => return fail(format!("descriptor from {id}: {e}")),
     };
     let mut buf = match rt.alloc(PAGE * BATCH) {
@@ -212,7 +224,7 @@ async fn reader(
                 tally.ok.fetch_add(1, Ordering::Relaxed);
                 tally.bytes.fetch_add(n as u64, Ordering::Relaxed);
             }
-            Err(e) if e.is_peer_lost() => {
+            Err(e) if e.is_peer_lost() || leaves_within(&left, grace).await => {
                 tally.lost.fetch_add(1, Ordering::Relaxed);
                 return;
             }
@@ -221,6 +233,18 @@ async fn reader(
         round += 1;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// Whether the member whose `left` flag this is leaves (or has left) within `grace`.
+async fn leaves_within(left: &AtomicBool, grace: Duration) -> bool {
+    let until = tokio::time::Instant::now() + grace;
+    while !left.load(Ordering::SeqCst) {
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
 }
 
 /// A member process: join, work until told `leave` on stdin, leave, report.
