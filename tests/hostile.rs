@@ -283,7 +283,13 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
             let over_cap = got.get("over_cap").copied().unwrap_or(0);
             let timeout = got.get("timeout").copied().unwrap_or(0);
             assert_eq!(over_cap + timeout, FLOOD as u64, "phase 3: {got:?}");
-            assert!(over_cap >= (FLOOD - 256) as u64, "phase 3: {got:?}");
+            // Natively the flood is taken in well under the handshake timeout, so all but the
+            // last 256 strangers are displaced at the cap. Where the host is slow enough that the
+            // connect bound is raised (the Soft-RoCE VM's emulated CPUs take seconds to accept a
+            // thousand connections), the first strangers' timeouts run out before the cap
+            // fills (284 of them once): the cap must still have displaced most.
+            let least = if connect_bound() > Duration::from_secs(1) { FLOOD / 2 } else { FLOOD - 256 };
+            assert!(over_cap >= least as u64, "phase 3: {got:?}");
             wait_rounds(3).await;
             stop.store(true, Ordering::Relaxed);
             client.await.expect("the real client");
