@@ -106,9 +106,8 @@ impl Builder {
     /// a bulk chunk's copy runs inside the provider call, on the reactor that posts it; with
     /// the express rail a 16 B op never waits behind it. It costs a second reactor thread (a
     /// busy core under load; it sleeps when idle) and a registration per rail more.
-    /// Unset: on with the thread driver, a software provider and 8 cores or more; off
-    /// otherwise (a hardware NIC moves the bytes itself, so splitting serves the latency class
-    /// there). Under the inline driver the caller's thread turns the express rail's reactor and
+    /// Unset: on with a software provider and 8 cores or more; off otherwise (a hardware NIC
+    /// moves the bytes itself, so splitting serves the latency class there). Under the inline driver the caller's thread turns the express rail's reactor and
     /// the bulk rails get a thread. The fifo scheduler, which has no latency class, has none.
     /// The runtime logs which layout it took; [`Runtime::express_rail`](crate::Runtime::express_rail)
     /// says it.
