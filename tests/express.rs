@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rdmalane::{Access, Driver, Pieces, Runtime};
 use rdmalane_conformance::{
-    bounded, expose_to, filled, pair, pattern, rail_providers, shuffled_pages, watchdog,
+    bounded, expose_to, filled, meet_both_ways, pair, pattern, rail_providers, shuffled_pages, watchdog,
 };
 
 fn express(provider: &str) -> Runtime {
@@ -151,22 +151,7 @@ fn express_and_plain_runtimes_meet_both_ways() {
         bounded(90, async {
             let (a, b) = (express(p), plain(p));
             assert!(!b.express_rail(), "{p}");
-            for (x, y) in [(&a, &b), (&b, &a)] {
-                let (xy, yx) = pair(x, y).await;
-                let (target, remote) = expose_to(&yx, &xy, 4 << 20, Access::READ_WRITE).await;
-                for len in [16usize, 4 << 20] {
-                    let (want, src) = filled(x, len, len as u64);
-                    let at = remote.slice(0..len as u64).unwrap();
-                    xy.write_remote(src, &at).await.0.unwrap_or_else(|e| panic!("{p}: write {len}: {e}"));
-                    assert!(target.as_slice()[..len] == want[..], "{p}: {len} bytes across shapes");
-                    let (n, back) = xy.read_remote(x.alloc(len).unwrap(), &at).await;
-                    assert_eq!(n.unwrap_or_else(|e| panic!("{p}: read {len}: {e}")), len);
-                    assert!(back[..] == want[..], "{p}: read of {len} across shapes");
-                }
-                let recv = yx.recv(y.alloc(16).unwrap()).start();
-                xy.send(x.alloc(16).unwrap()).await.0.unwrap();
-                assert_eq!(recv.await.0.unwrap(), 16);
-            }
+            meet_both_ways(&a, &b, &[16, 4 << 20], p).await;
         });
     }
 }

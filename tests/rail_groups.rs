@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use rdmalane::{Access, Pieces, Runtime};
 use rdmalane_conformance::{
-    bounded, expose_to, filled, pair, pattern, rail_providers, runtime, shuffled_pages, write_and_read_back,
+    bounded, expose_to, filled, meet_both_ways, pair, pattern, rail_providers, runtime, shuffled_pages,
+    write_and_read_back,
 };
 
 /// Four rails in two groups of two: `[[0, 1], [2, 3]]`.
@@ -154,19 +155,7 @@ fn grouped_and_single_reactor_runtimes_meet_both_ways() {
     for p in rail_providers() {
         bounded(90, async {
             let (a, b) = (grouped(p), runtime(p));
-            for (x, y) in [(&a, &b), (&b, &a)] {
-                let (xy, yx) = pair(x, y).await;
-                let (target, remote) = expose_to(&yx, &xy, 8 << 20, Access::READ_WRITE).await;
-                let (want, src) = filled(x, 8 << 20, 5);
-                xy.write_remote(src, &remote).await.0.unwrap_or_else(|e| panic!("{p}: {e}"));
-                assert!(target.as_slice() == &want[..], "{p}: bytes across shapes");
-                let (n, back) = xy.read_remote(x.alloc(8 << 20).unwrap(), &remote).await;
-                assert_eq!(n.unwrap_or_else(|e| panic!("{p}: read: {e}")), 8 << 20);
-                assert!(back[..] == want[..], "{p}: read across shapes");
-                let recv = yx.recv(y.alloc(16).unwrap()).start();
-                xy.send(x.alloc(16).unwrap()).await.0.unwrap();
-                assert_eq!(recv.await.0.unwrap(), 16);
-            }
+            meet_both_ways(&a, &b, &[8 << 20], p).await;
         });
     }
 }

@@ -160,6 +160,29 @@ pub async fn expose_to(
     (exposed, remote)
 }
 
+/// Runtimes of two shapes (rail groups, an express rail, one reactor) meet both ways, each
+/// connecting in turn: a write and a read of each of `lens` bytes (at most the largest) and a
+/// 16 B message move byte-exact.
+pub async fn meet_both_ways(a: &Runtime, b: &Runtime, lens: &[usize], p: &str) {
+    let region = lens.iter().copied().max().unwrap_or(16);
+    for (x, y) in [(a, b), (b, a)] {
+        let (xy, yx) = pair(x, y).await;
+        let (target, remote) = expose_to(&yx, &xy, region, rdmalane::Access::READ_WRITE).await;
+        for &len in lens {
+            let (want, src) = filled(x, len, len as u64);
+            let at = remote.slice(0..len as u64).expect("within the region");
+            xy.write_remote(src, &at).await.0.unwrap_or_else(|e| panic!("{p}: write {len}: {e}"));
+            assert!(target.as_slice()[..len] == want[..], "{p}: {len} bytes across shapes");
+            let (n, back) = xy.read_remote(x.alloc(len).expect("alloc"), &at).await;
+            assert_eq!(n.unwrap_or_else(|e| panic!("{p}: read {len}: {e}")), len);
+            assert!(back[..] == want[..], "{p}: read of {len} across shapes");
+        }
+        let recv = yx.recv(y.alloc(16).expect("alloc")).start();
+        xy.send(x.alloc(16).expect("alloc")).await.0.unwrap();
+        assert_eq!(recv.await.0.unwrap(), 16, "{p}: message across shapes");
+    }
+}
+
 /// Resident memory of a process (`"self"` or a pid), in bytes, from `/proc/PID/statm`.
 pub fn resident_bytes(pid: &str) -> u64 {
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
