@@ -3,12 +3,12 @@
 //! go there and nowhere else; bulk one-sided ops go to the other group and nowhere else; every
 //! byte lands once, a dropped bulk op keeps its buffer until it is done, and such a runtime
 //! meets runtimes without one, either side connecting.
-use std::sync::Arc;
 use std::time::Duration;
 
 use rdmalane::{Access, Driver, Pieces, Runtime};
 use rdmalane_conformance::{
-    bounded, expose_to, filled, meet_both_ways, pair, pattern, rail_providers, shuffled_pages, watchdog,
+    bounded, drop_write_mid_flight, expose_to, filled, meet_both_ways, pair, pattern, rail_providers,
+    shuffled_pages, watchdog,
 };
 
 fn express(provider: &str) -> Runtime {
@@ -119,19 +119,8 @@ fn a_dropped_bulk_op_keeps_its_buffer_until_it_is_done() {
             const LEN: usize = 32 << 20;
             let (target, remote) = expose_to(&ba, &ab, LEN, Access::WRITE).await;
             for round in 0..4u64 {
-                let mut src = a.alloc(LEN).unwrap();
-                src.copy_from_slice(&pattern(LEN, round));
-                let src = Arc::new(src);
-                let weak = Arc::downgrade(&src);
-                let mut op = ab.write_remote(src, &remote);
-                let _ = futures::poll!(&mut op);
-                tokio::time::sleep(Duration::from_micros(300 * round)).await;
-                drop(op);
-                let t = std::time::Instant::now();
-                while weak.upgrade().is_some() {
-                    assert!(t.elapsed() < Duration::from_secs(10), "{p}: round {round}: buffer never let go");
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                let after = Duration::from_micros(300 * round);
+                drop_write_mid_flight(&a, &ab, &remote, LEN, after, &format!("{p}: round {round}")).await;
                 // A small write meanwhile and after: the express rail is not held up.
                 let mut s = a.alloc(16).unwrap();
                 s.fill(round as u8 + 1);

@@ -2,13 +2,12 @@
 //! two reactor threads, each with a transport of its own; bulk one-sided ops are split across
 //! them and every byte lands once, messages (large ones by rendezvous too) stay on the first
 //! group, and such a runtime meets peers of any shape.
-use std::sync::Arc;
 use std::time::Duration;
 
 use rdmalane::{Access, Pieces, Runtime};
 use rdmalane_conformance::{
-    bounded, expose_to, filled, meet_both_ways, pair, pattern, rail_providers, runtime, shuffled_pages,
-    write_and_read_back,
+    bounded, drop_write_mid_flight, expose_to, filled, meet_both_ways, pair, pattern, rail_providers,
+    runtime, shuffled_pages, write_and_read_back,
 };
 
 /// Four rails in two groups of two: `[[0, 1], [2, 3]]`.
@@ -115,29 +114,11 @@ fn a_dropped_split_op_keeps_its_buffer_until_every_part_is_done() {
             let (target, remote) = expose_to(&ba, &ab, LEN, Access::WRITE).await;
             let mut held_on = 0;
             for round in 0..6u64 {
-                let mut src = a.alloc(LEN).unwrap();
-                src.copy_from_slice(&pattern(LEN, round));
-                // Shared, so we see when the runtime lets go of it.
-                let src = Arc::new(src);
-                let weak = Arc::downgrade(&src);
-                let mut op = ab.write_remote(src, &remote);
-                // Polled once (the parts go to both reactors), then dropped mid-flight.
-                let _ = futures::poll!(&mut op);
-                tokio::time::sleep(Duration::from_micros(200 * round)).await;
-                drop(op);
-                // Kept while a part is in flight (32 MiB take milliseconds to move), and let go
-                // of once every part is done: never leaked.
-                held_on += weak.upgrade().is_some() as u32;
-                let t = std::time::Instant::now();
-                while weak.upgrade().is_some() {
-                    assert!(
-                        t.elapsed() < Duration::from_secs(10),
-                        "{p}: round {round}: buffer never let go; a {:?}, b {:?}",
-                        a.stats(),
-                        b.stats()
-                    );
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                // Polled once (the parts go to both reactors), then dropped mid-flight: kept while
+                // a part is in flight (32 MiB take milliseconds to move).
+                let after = Duration::from_micros(200 * round);
+                let what = format!("{p}: round {round}");
+                held_on += drop_write_mid_flight(&a, &ab, &remote, LEN, after, &what).await as u32;
             }
             assert!(held_on > 0, "{p}: some dropped op had parts in flight, and its buffer was kept");
             // The runtime carries on: a last write lands whole.

@@ -183,6 +183,34 @@ pub async fn meet_both_ways(a: &Runtime, b: &Runtime, lens: &[usize], p: &str) {
     }
 }
 
+/// Write `len` bytes from `rt` to `remote` over `ep`, poll the op once (it goes to the
+/// reactor, split or not), let `after` pass, and drop it mid-flight; then wait, 10 s at most,
+/// for the runtime to let go of the buffer (kept while anything of the op is in flight, never
+/// leaked). True if it still held the buffer when the op was dropped.
+pub async fn drop_write_mid_flight(
+    rt: &Runtime,
+    ep: &Endpoint,
+    remote: &RemoteBuf,
+    len: usize,
+    after: Duration,
+    what: &str,
+) -> bool {
+    // Shared, so we see when the runtime lets go of it.
+    let src = std::sync::Arc::new(filled(rt, len, len as u64).1);
+    let weak = std::sync::Arc::downgrade(&src);
+    let mut op = ep.write_remote(src, remote);
+    let _ = futures::poll!(&mut op);
+    tokio::time::sleep(after).await;
+    drop(op);
+    let held_on = weak.upgrade().is_some();
+    let t = std::time::Instant::now();
+    while weak.upgrade().is_some() {
+        assert!(t.elapsed() < Duration::from_secs(10), "{what}: buffer never let go; {:?}", rt.stats());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    held_on
+}
+
 /// Resident memory of a process (`"self"` or a pid), in bytes, from `/proc/PID/statm`.
 pub fn resident_bytes(pid: &str) -> u64 {
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
