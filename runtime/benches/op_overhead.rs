@@ -78,6 +78,7 @@ impl Backend for NullBackend {
             silent_refusals: false,
             rails: 1,
             rail_numa: vec![None],
+            device: rdmalane::backend::DeviceRegistration::None,
         };
         Ok(Box::new(Null { caps, lanes: 0, done: Vec::new() }))
     }

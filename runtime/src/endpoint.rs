@@ -153,7 +153,8 @@ impl Endpoint {
             OpKind::Read => WrKind::Read { remote_addr, key },
             _ => WrKind::Write { remote_addr, key, imm },
         };
-        self.submit_with(op, buf, kind, Some(Arc::new(layout)), remote.rail_keys())
+        let locals = buf.staging().map(|_| pieces.local_ranges());
+        self.submit_with(op, buf, kind, Some(Arc::new(layout)), remote.rail_keys(), locals)
     }
 
     /// Send `buf` as one message; the peer's `recv` gets it. A message above the provider's
@@ -207,6 +208,16 @@ impl Endpoint {
         // One-sided ops are split into chunks the provider takes (a write with an immediate
         // value too: its last piece carries the value). A larger message goes by rendezvous:
         // a marker message carrying immediate data, and the receiver reads the bytes.
+        if op == OpKind::Send && len > max && buf.memory().is_device() && buf.staging().is_none() {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{len} bytes of {} exceed the provider's largest message ({max} bytes); a \
+                     rendezvous send reads host memory only: write it with write_remote",
+                    buf.memory()
+                ),
+            ));
+        }
         if op == OpKind::Send && len > max && self.rt.caps().cq_data_size == 0 {
             return Err(Error::invalid(
                 op,
@@ -234,7 +245,7 @@ impl Endpoint {
             OpKind::Read => WrKind::Read { remote_addr, key },
             _ => WrKind::Write { remote_addr, key, imm },
         };
-        self.submit_with(op, buf, kind, None, remote.rail_keys())
+        self.submit_with(op, buf, kind, None, remote.rail_keys(), None)
     }
 
     fn check_remote(&self, op: OpKind, remote: &RemoteBuf) -> Result<(), Error> {
@@ -274,7 +285,7 @@ impl Endpoint {
     }
 
     fn submit<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
-        self.submit_with(op, buf, kind, None, None)
+        self.submit_with(op, buf, kind, None, None, None)
     }
 
     fn submit_with<B: IoBuf>(
@@ -284,6 +295,7 @@ impl Endpoint {
         kind: WrKind,
         batch: Option<Arc<Layout>>,
         rail_keys: Option<Arc<[u64]>>,
+        locals: Option<Vec<std::ops::Range<usize>>>,
     ) -> Op<B> {
         // Split across rail groups only where every part can reach the peer's rails: a
         // one-sided op whose descriptor has a key for each of them.
@@ -303,6 +315,10 @@ impl Endpoint {
             // A plain write's immediate value is raised once, by the piece that ends it.
             slots: (fan && !plain_imm).then(|| self.slots.clone()),
         };
+        // A device buffer on the staging path: its mirror moves, with copies around it.
+        if let Some(view) = buf.staging() {
+            return Op::staged(self.rt.clone(), draft, buf, view, locals);
+        }
         Op::new(self.rt.clone(), draft, buf)
     }
 }

@@ -31,12 +31,15 @@ mod runtime;
 pub use base::batch::{Piece, Pieces};
 pub use base::error::{BufResult, Error, FailureClass, MembershipFailure, OpKind, Result, TransportError};
 pub use base::imm::{ImmEvent, NextImm, WaitImm};
+pub use base::memory::{DevicePath, DevicePolicy, DeviceRegistration, Memory};
 pub use base::refusal::{Refusal, RefusalCounts, RefusalReason, Refusals};
 pub use base::remote::RemoteBuf;
 pub use base::stats::Stats;
 pub use base::transport::{Access, Backend, Caps};
 pub use base::MAX_RAILS;
 pub use bootstrap::{Listener, PROTOCOL_VERSION};
+#[cfg(feature = "cuda")]
+pub use buf::CudaBuf;
 pub use buf::{CacheStats, ExposedBuf, IoBuf, IoBufMut, RegisteredBuf, SharedBuf, Slice};
 pub use endpoint::Endpoint;
 pub use op::Op;
@@ -52,6 +55,7 @@ pub mod sched {
 /// needs: the interface it implements, the types it exchanges with the reactor, and the
 /// helpers it shares with the runtime. Applications do not need this module.
 pub mod backend {
+    pub use crate::base::memory::{DeviceMem, DeviceRegistration, DmaBuf, Memory};
     pub use crate::base::topology::device_numa_node;
     pub use crate::base::transport::*;
 }

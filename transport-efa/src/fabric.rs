@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdmalane::backend::{
-    Access, Caps, Completion, LaneId, LocalSeg, MemoryRegion, Notify, PeerAddr, PostError, Posted, Transport,
-    WorkRequest, WrId, WrKind,
+    Access, Caps, Completion, DeviceMem, DeviceRegistration, LaneId, LocalSeg, Memory, MemoryRegion, Notify,
+    PeerAddr, PostError, Posted, Transport, WorkRequest, WrId, WrKind,
 };
 use rdmalane::{Error, OpKind, Result, TransportError};
 use slab::Slab;
@@ -62,6 +62,62 @@ struct Mr {
     descs: Vec<usize>,
 }
 
+/// A registration's attributes with zeroed room behind them (see `register_device`).
+#[repr(C)]
+#[derive(Default)]
+struct HmemAttr {
+    attr: ffi::fi_mr_attr,
+    room: [u64; 8],
+}
+
+/// Point a registration's attributes at one iovec (a union member from libfabric 1.20 on,
+/// beside the dma-buf export).
+fn set_iov(attr: &mut ffi::fi_mr_attr, iov: &ffi::iovec) {
+    #[cfg(fi_1_20)]
+    {
+        attr.__bindgen_anon_1.mr_iov = iov;
+    }
+    #[cfg(not(fi_1_20))]
+    {
+        attr.mr_iov = iov;
+    }
+    attr.iov_count = 1;
+}
+
+/// Register device memory by its dma-buf export (FI_MR_DMABUF, libfabric 1.20 and up);
+/// returns the provider's status.
+#[cfg(fi_1_20)]
+fn dmabuf_regattr(
+    domain: *mut ffi::fid_domain,
+    room: &mut HmemAttr,
+    d: rdmalane::backend::DmaBuf,
+    ptr: *mut u8,
+    len: usize,
+    flags: u64,
+    mr: &mut *mut ffi::fid_mr,
+) -> i32 {
+    let buf = ffi::fi_mr_dmabuf { fd: d.fd, offset: d.offset, len, base_addr: ptr as *mut _ };
+    room.attr.__bindgen_anon_1.dmabuf = &buf;
+    room.attr.iov_count = 1;
+    // SAFETY: the attr points at `buf`, alive for the call; the caller keeps the device memory
+    // (and the dma-buf fd) until deregister.
+    unsafe { ffi::fi_mr_regattr(domain, &room.attr, flags | ffi::FI_MR_DMABUF, mr) }
+}
+
+/// Without FI_MR_DMABUF (headers before 1.20) a dma-buf export cannot be used.
+#[cfg(not(fi_1_20))]
+fn dmabuf_regattr(
+    _domain: *mut ffi::fid_domain,
+    _room: &mut HmemAttr,
+    _d: rdmalane::backend::DmaBuf,
+    _ptr: *mut u8,
+    _len: usize,
+    _flags: u64,
+    _mr: &mut *mut ffi::fid_mr,
+) -> i32 {
+    -(ffi::FI_EOPNOTSUPP as i32)
+}
+
 /// The libfabric transport: see the crate docs.
 pub struct FabricTransport {
     rails: Vec<Rail>,
@@ -109,8 +165,14 @@ impl FabricTransport {
     /// Spacing and trust come from the environment, as the runtime's builder reads them.
     pub fn open(provider: Option<&str>, node: Option<&str>, wait_fd: bool) -> Result<FabricTransport> {
         let nodes = [node.map(String::from)];
-        let mut t =
-            Self::open_rails(provider, &nodes, &[0], wait_fd, rdmalane::backend::trust_local_peers_env())?;
+        let mut t = Self::open_rails(
+            provider,
+            &nodes,
+            &[0],
+            wait_fd,
+            rdmalane::backend::trust_local_peers_env(),
+            false,
+        )?;
         t.space_polls(rdmalane::backend::poll_spacing_env());
         Ok(t)
     }
@@ -128,23 +190,25 @@ impl FabricTransport {
     /// subset): rail `r` binds to `nodes[r]` where given; otherwise tcp takes loopback address
     /// 127.0.0.(id+1) (127.0.0.1 is also the provider's default for rail 0), efa the id-th NIC
     /// fi_getinfo lists, and shm a domain of its own. `trust_local`: see
-    /// `TransportConfig::trust_local_peers`.
+    /// `TransportConfig::trust_local_peers`. `hmem`: ask for device memory (FI_HMEM), taking the
+    /// provider without it where it has none (`Caps::device` says which).
     pub fn open_rails(
         provider: Option<&str>,
         nodes: &[Option<String>],
         ids: &[usize],
         wait_fd: bool,
         trust_local: bool,
+        hmem: bool,
     ) -> Result<FabricTransport> {
         let ids = if ids.is_empty() { &[0][..] } else { ids };
         let node0 = nodes.first().cloned().flatten();
         let (list, prov) = match provider {
-            Some(p) => info::select(p, node0.as_deref(), trust_local)?,
+            Some(p) => info::select(p, node0.as_deref(), trust_local, hmem)?,
             None => {
                 let mut last = None;
                 let mut found = None;
                 for p in info::PREFERENCE {
-                    match info::select(p, node0.as_deref(), trust_local) {
+                    match info::select(p, node0.as_deref(), trust_local, hmem) {
                         Ok(v) => {
                             found = Some(v);
                             break;
@@ -172,7 +236,7 @@ impl FabricTransport {
             if r == 0 && (id == 0 || node.is_none() || node == node0) {
                 continue;
             }
-            let (list, _) = info::select(&prov, node.as_deref(), trust_local)?;
+            let (list, _) = info::select(&prov, node.as_deref(), trust_local, hmem)?;
             if r == 0 {
                 infos[0] = list;
             } else {
@@ -213,6 +277,7 @@ impl FabricTransport {
                 silent_refusals: checked_shm,
                 rails: nrails,
                 rail_numa: Vec::new(),
+                device: rdmalane::backend::DeviceRegistration::None,
             },
             mr_mode: 0,
             key_mask: u64::MAX,
@@ -268,6 +333,14 @@ impl FabricTransport {
                     t.caps.tx_depth = tx.size;
                     t.caps.rx_depth = rx.size;
                     t.mr_mode = dom.mr_mode as u32;
+                    if i.caps & ffi::FI_HMEM != 0 {
+                        t.caps.device = DeviceRegistration::FiHmem {
+                            // FI_MR_DMABUF is a registration flag from 1.20 on, which efa
+                            // takes (shm moves device memory by CUDA IPC, not by dma-buf).
+                            dmabuf: cfg!(fi_1_20) && prov == "efa",
+                            device_only: true,
+                        };
+                    }
                     if dom.mr_key_size > 0 && dom.mr_key_size < 8 {
                         t.key_mask = (1u64 << (8 * dom.mr_key_size)) - 1;
                     }
@@ -634,6 +707,86 @@ impl Transport for FabricTransport {
         let single = m.descs[0];
         let id = self.mrs.insert(m) as u64;
         // One rail: the provider's descriptor itself. Several: a handle `post` resolves per lane.
+        let desc = if self.rails.len() == 1 { single } else { id as usize + 1 };
+        let key = keys[0];
+        Ok(MemoryRegion { id, desc, key, remote_base, rail_keys: keys.split_off(1) })
+    }
+
+    unsafe fn register_device(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        mem: DeviceMem,
+    ) -> Result<MemoryRegion, TransportError> {
+        let DeviceRegistration::FiHmem { dmabuf, device_only } = self.caps.device else {
+            return Err(self.err(-(ffi::FI_EOPNOTSUPP as i64), "device memory without FI_HMEM"));
+        };
+        let Memory::Cuda { device } = mem.memory else {
+            return Err(self.err(-(ffi::FI_EINVAL as i64), "register_device: host memory"));
+        };
+        // Device memory is registered for local use too (FI_MR_HMEM): the descriptor tells the
+        // provider the memory's kind, so it never guesses per op.
+        let mut acs = (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64;
+        if access.remote_read {
+            acs |= ffi::FI_REMOTE_READ as u64;
+        }
+        if access.remote_write {
+            acs |= ffi::FI_REMOTE_WRITE as u64;
+        }
+        let prov_key = self.mr_mode & ffi::FI_MR_PROV_KEY != 0;
+        let iov = ffi::iovec { iov_base: ptr as *mut _, iov_len: len };
+        let mut m =
+            Mr { fids: Vec::with_capacity(self.rails.len()), descs: Vec::with_capacity(self.rails.len()) };
+        let mut keys = Vec::with_capacity(self.rails.len());
+        for rail in 0..self.rails.len() {
+            let domain = self.rails[rail].domain;
+            // Zeroed room past the struct as these headers define it: a newer library reads the
+            // fields of the API version we asked for, and no more, but zeros cost nothing.
+            let mut room = HmemAttr::default();
+            let attr = &mut room.attr;
+            set_iov(attr, &iov);
+            attr.access = acs;
+            attr.requested_key = if prov_key { 0 } else { rand::random::<u64>() & self.key_mask };
+            attr.iface = ffi::fi_hmem_iface_FI_HMEM_CUDA;
+            attr.device.cuda = device as i32;
+            let mut flags = if device_only { ffi::FI_HMEM_DEVICE_ONLY } else { 0 };
+            let mut mr: *mut ffi::fid_mr = ptr::null_mut();
+            let mut r = -(ffi::FI_EINVAL as i32);
+            if let (true, Some(d)) = (dmabuf, mem.dmabuf) {
+                r = dmabuf_regattr(domain, &mut room, d, ptr, len, flags, &mut mr);
+                if r != 0 {
+                    tracing::debug!(error = %fi_error(r), "dma-buf registration refused: by address instead");
+                    set_iov(&mut room.attr, &iov);
+                }
+            }
+            if r != 0 {
+                // SAFETY: the attr points at `iov`, alive for the call; the caller keeps the
+                // device memory allocated until deregister.
+                r = unsafe { ffi::fi_mr_regattr(domain, &room.attr, flags, &mut mr) };
+                if r != 0 && device_only {
+                    // A provider that does not take the hint registers without it.
+                    flags = 0;
+                    // SAFETY: as above.
+                    r = unsafe { ffi::fi_mr_regattr(domain, &room.attr, flags, &mut mr) };
+                }
+            }
+            if r != 0 {
+                // SAFETY: closing the registrations of the rails before this one, once.
+                m.fids.iter().for_each(|&f| unsafe {
+                    ffi::fi_close(&mut (*f).fid);
+                });
+                return Err(self.err(r, "fi_mr_regattr(FI_HMEM_CUDA)"));
+            }
+            // SAFETY: mr is a valid, open registration.
+            let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
+            m.fids.push(mr);
+            m.descs.push(desc);
+            keys.push(key);
+        }
+        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 { ptr as u64 } else { 0 };
+        let single = m.descs[0];
+        let id = self.mrs.insert(m) as u64;
         let desc = if self.rails.len() == 1 { single } else { id as usize + 1 };
         let key = keys[0];
         Ok(MemoryRegion { id, desc, key, remote_base, rail_keys: keys.split_off(1) })

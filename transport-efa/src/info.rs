@@ -36,8 +36,15 @@ impl Drop for InfoList {
 }
 
 /// fi_getinfo for an RDM endpoint with RMA and directed receives on `prov`.
-/// `trust_local`: let shm take its fast, unchecked path for one-sided ops.
-pub(crate) fn getinfo(prov: &str, node: Option<&str>, trust_local: bool) -> Result<InfoList, i32> {
+/// `trust_local`: let shm take its fast, unchecked path for one-sided ops. `hmem`: ask for
+/// device memory (FI_HMEM, registered as such: FI_MR_HMEM) first, and take the provider
+/// without it where it has none.
+pub(crate) fn getinfo(
+    prov: &str,
+    node: Option<&str>,
+    trust_local: bool,
+    hmem: bool,
+) -> Result<InfoList, i32> {
     // SAFETY: fi_allocinfo returns a zeroed info with its attr structs allocated, or null.
     let hints = InfoList(unsafe { ffi::fi_allocinfo() });
     assert!(!hints.0.is_null(), "fi_allocinfo: out of memory");
@@ -70,6 +77,10 @@ pub(crate) fn getinfo(prov: &str, node: Option<&str>, trust_local: bool) -> Resu
             h.caps |= ffi::FI_RMA_EVENT;
         }
         (*h.fabric_attr).prov_name = libc::strdup(prov_c.as_ptr());
+        if hmem {
+            h.caps |= ffi::FI_HMEM;
+            (*h.domain_attr).mr_mode |= ffi::FI_MR_HMEM as i32;
+        }
     }
     let node_c = node.map(|n| CString::new(n).map_err(|_| -(ffi::FI_EINVAL as i32))).transpose()?;
     let (node_p, flags) = match &node_c {
@@ -79,6 +90,18 @@ pub(crate) fn getinfo(prov: &str, node: Option<&str>, trust_local: bool) -> Resu
     let mut out: *mut ffi::fi_info = ptr::null_mut();
     // SAFETY: valid hints, out-pointer, and C strings that outlive the call.
     let mut ret = unsafe { ffi::fi_getinfo(API_VERSION, node_p, ptr::null(), flags, hints.0, &mut out) };
+    if ret == -(ffi::FI_ENODATA as i32) && hmem {
+        // No device memory here (a libfabric built without CUDA, a provider without FI_HMEM):
+        // the provider as it is; the runtime stages device memory or refuses it.
+        tracing::debug!(provider = prov, "no FI_HMEM: device memory cannot be registered natively");
+        // SAFETY: hints is valid; clearing the bits set above.
+        unsafe {
+            (*hints.0).caps &= !ffi::FI_HMEM;
+            (*(*hints.0).domain_attr).mr_mode &= !(ffi::FI_MR_HMEM as i32);
+        }
+        // SAFETY: as above.
+        ret = unsafe { ffi::fi_getinfo(API_VERSION, node_p, ptr::null(), flags, hints.0, &mut out) };
+    }
     // SAFETY: hints is valid; reading and clearing a bit of its caps.
     if ret == -(ffi::FI_ENODATA as i32) && unsafe { (*hints.0).caps } & ffi::FI_RMA_EVENT != 0 {
         // A provider without the counter still checks; its idle reactor then naps between ops.
@@ -124,11 +147,16 @@ pub(crate) fn available() -> String {
 }
 
 /// fi_getinfo for the named provider, or a typed error naming what exists instead.
-pub(crate) fn select(requested: &str, node: Option<&str>, trust_local: bool) -> Result<(InfoList, String)> {
+pub(crate) fn select(
+    requested: &str,
+    node: Option<&str>,
+    trust_local: bool,
+    hmem: bool,
+) -> Result<(InfoList, String)> {
     let prov = provider_string(requested);
     // tcp binds to an address; on one host, loopback is the one that always works.
     let node = node.or(if prov.starts_with("tcp") { Some("127.0.0.1") } else { None });
-    match getinfo(&prov, node, trust_local) {
+    match getinfo(&prov, node, trust_local, hmem) {
         Ok(list) if !list.0.is_null() => Ok((list, prov)),
         Ok(_) | Err(_) => {
             Err(Error::ProviderUnavailable { backend: "libfabric", requested: prov, found: available() })

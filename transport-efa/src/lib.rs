@@ -58,6 +58,7 @@ impl Backend for Libfabric {
             &ids,
             !config.no_wait_object,
             config.trust_local_peers,
+            config.device_memory,
         )?;
         t.space_polls(config.poll_spacing);
         Ok(Box::new(t))

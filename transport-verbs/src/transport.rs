@@ -111,6 +111,7 @@ impl VerbsTransport {
                 silent_refusals: false,
                 rails: 1,
                 rail_numa: vec![rdmalane::backend::device_numa_node(&dev.name)],
+                device: rdmalane::backend::DeviceRegistration::None,
             },
             qp_caps: QpCaps { send_wr: depth, recv_wr: depth, sge, inline: INLINE_WANTED, rd_atom },
             pending: Vec::with_capacity(POST_LIST),

@@ -80,6 +80,21 @@ impl Pieces {
         Ok(Pieces { list })
     }
 
+    /// The local ranges the pieces cover, sorted and merged where they touch or overlap.
+    pub(crate) fn local_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        let mut r: Vec<std::ops::Range<usize>> =
+            self.list.iter().map(|p| p.local..p.local.saturating_add(p.len)).collect();
+        r.sort_by_key(|r| r.start);
+        let mut out: Vec<std::ops::Range<usize>> = Vec::with_capacity(r.len());
+        for x in r {
+            match out.last_mut() {
+                Some(last) if x.start <= last.end => last.end = last.end.max(x.end),
+                _ => out.push(x),
+            }
+        }
+        out
+    }
+
     /// The pieces.
     pub fn iter(&self) -> impl Iterator<Item = &Piece> + '_ {
         self.list.iter()

@@ -30,6 +30,8 @@ pub enum OpKind {
     Imm,
     /// Joining a cluster, publishing to or watching its membership directory.
     Join,
+    /// A copy between host and device memory.
+    Copy,
 }
 
 impl fmt::Display for OpKind {
@@ -46,6 +48,7 @@ impl fmt::Display for OpKind {
             OpKind::Connect => "connect",
             OpKind::Accept => "accept",
             OpKind::Imm => "imm",
+            OpKind::Copy => "copy",
             OpKind::Join => "join",
         };
         f.write_str(s)
@@ -212,6 +215,29 @@ pub enum Error {
         /// What exactly was wrong.
         detail: Arc<str>,
     },
+    /// Device memory this runtime cannot move, refused when it is registered (never accepted
+    /// and failed later): what the provider lacks, or what this build or host lacks.
+    #[error("{op}: {memory} refused on provider {provider}: {lacks}")]
+    DeviceMemory {
+        /// The operation (register, expose).
+        op: OpKind,
+        /// The memory that was refused.
+        memory: crate::base::memory::Memory,
+        /// The provider in use.
+        provider: Arc<str>,
+        /// What is missing.
+        lacks: Arc<str>,
+    },
+    /// A call into the CUDA driver failed.
+    #[error("{op}: CUDA {call} failed: {detail}")]
+    Cuda {
+        /// The operation.
+        op: OpKind,
+        /// The driver call.
+        call: &'static str,
+        /// The driver's error name and text.
+        detail: Arc<str>,
+    },
     /// The runtime shut down before the operation completed.
     #[error("{op}: runtime shut down")]
     Shutdown {
@@ -233,6 +259,8 @@ impl Error {
             | Error::Handshake { op, .. }
             | Error::Io { op, .. }
             | Error::Membership { op, .. }
+            | Error::DeviceMemory { op, .. }
+            | Error::Cuda { op, .. }
             | Error::Shutdown { op } => *op,
             Error::ProviderUnavailable { .. } => OpKind::Open,
             Error::Batch { source, .. } => source.op(),

@@ -22,6 +22,12 @@ pub struct Stats {
     /// Peers woken on the control connection for an op of ours: their reactor slept on a
     /// provider that cannot wake it (shm).
     pub kicks: u64,
+    /// Device buffers registered natively (the transport reaches device memory itself).
+    pub device_native: u64,
+    /// Device buffers registered through a staging mirror in host memory.
+    pub device_staged: u64,
+    /// Bytes copied between device memory and staging mirrors.
+    pub staged_bytes: u64,
     /// Handshakes this runtime's listeners refused, by reason.
     pub refused: crate::base::refusal::RefusalCounts,
 }
@@ -43,6 +49,10 @@ pub(crate) struct Counters {
     pub rejected: AtomicU64,
     /// Sleeping peers kicked awake.
     pub kicks: AtomicU64,
+    /// Device buffers by path, and bytes staged (any thread).
+    pub device_native: AtomicU64,
+    pub device_staged: AtomicU64,
+    pub staged_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -78,6 +88,9 @@ impl Counters {
             registrations: l(|c| &c.registrations),
             registration_ns: l(|c| &c.registration_ns),
             kicks: l(|c| &c.kicks),
+            device_native: l(|c| &c.device_native),
+            device_staged: l(|c| &c.device_staged),
+            staged_bytes: l(|c| &c.staged_bytes),
             refused: Default::default(),
         }
     }

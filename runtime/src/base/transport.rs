@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::base::error::TransportError;
+use crate::base::memory::{DeviceMem, DeviceRegistration};
 
 /// A peer's address in the transport's address vector.
 pub type PeerAddr = u64;
@@ -85,6 +86,8 @@ pub struct Caps {
     pub rails: usize,
     /// The NUMA node of each rail's NIC, where the host has several and sysfs tells.
     pub rail_numa: Vec<Option<usize>>,
+    /// How it registers device (GPU) memory, if it can.
+    pub device: DeviceRegistration,
 }
 
 /// The result of registering memory (on every rail).
@@ -280,6 +283,27 @@ pub trait Transport: Send {
         access: Access,
     ) -> Result<MemoryRegion, TransportError>;
 
+    /// Register `len` bytes of device memory at `ptr` (a device address) as `mem` describes,
+    /// where [`Caps::device`] says the transport can; the default refuses.
+    ///
+    /// # Safety
+    /// As [`register`](Self::register): the device memory must stay allocated until
+    /// `deregister(region.id)` has returned.
+    unsafe fn register_device(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        mem: DeviceMem,
+    ) -> Result<MemoryRegion, TransportError> {
+        let _ = (ptr, len, access);
+        Err(TransportError::local(
+            &self.caps().provider,
+            crate::base::error::FailureClass::Other,
+            format!("this transport cannot register {}", mem.memory),
+        ))
+    }
+
     /// Release a registration. Peers can no longer reach the memory once this returns.
     fn deregister(&mut self, id: u64) -> Result<(), TransportError>;
 
@@ -358,6 +382,9 @@ pub struct TransportConfig {
     /// take the reader's region lock). `None`: the backend's default (libfabric: 80 ns on shm
     /// and tcp, none elsewhere, at most 1 ms; verbs: none).
     pub poll_spacing: Option<Duration>,
+    /// Ask the provider for device-memory support (libfabric: FI_HMEM in the hints, falling
+    /// back to a provider without it): what [`Caps::device`] then reports.
+    pub device_memory: bool,
 }
 
 /// `RDMALANE_POLL_SPACING_NS` (see [`TransportConfig::poll_spacing`]), for a backend opened

@@ -33,3 +33,16 @@ pub(crate) fn flag(name: &str, v: Option<String>) -> Result<Option<bool>> {
         Some(v) => Err(invalid(format!("{name}={v}: want 1 or 0"))),
     }
 }
+
+/// `RDMALANE_DEVICE_MEMORY`'s value `v` (if set): `auto`, `native`, `staged` or `off`.
+pub(crate) fn device_policy(v: Option<String>) -> Result<Option<crate::base::memory::DevicePolicy>> {
+    use crate::base::memory::DevicePolicy;
+    match v.as_deref().map(str::trim) {
+        None => Ok(None),
+        Some("auto") => Ok(Some(DevicePolicy::Auto)),
+        Some("native") => Ok(Some(DevicePolicy::Native)),
+        Some("staged") => Ok(Some(DevicePolicy::Staged)),
+        Some("off") => Ok(Some(DevicePolicy::Off)),
+        Some(v) => Err(invalid(format!("RDMALANE_DEVICE_MEMORY={v}: want auto, native, staged or off"))),
+    }
+}

@@ -1,7 +1,12 @@
 use std::fmt;
 
+use std::ops::{Bound, RangeBounds};
+
+use super::staging::CopyDir;
 use super::IoBuf;
 use crate::base::error::{Error, OpKind, Result};
+use crate::base::memory::DeviceMem;
+use crate::base::remote::bounds;
 use crate::base::remote::RemoteBuf;
 use crate::base::transport::{Access, MemoryRegion};
 use crate::runtime::Runtime;
@@ -24,11 +29,55 @@ impl<B: IoBuf> ExposedBuf<B> {
         if buf.runtime_id() != rt.id() {
             return Err(Error::invalid(OpKind::Expose, "buffer is registered with another runtime"));
         }
+        // Device memory: on the staging path peers reach the mirror (`seg` describes it; see
+        // `settle` and `publish`); natively, the transport registers the device memory itself.
         let seg = buf.seg();
-        let mr = rt.register_region(seg.ptr, seg.len, access)?;
+        let memory = buf.memory();
+        let device = (memory.is_device() && buf.staging().is_none())
+            .then(|| DeviceMem { memory, dmabuf: buf.dmabuf() });
+        let mr = rt.register_memory(seg.ptr, seg.len, access, device)?;
         let keys: Vec<u64> = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied()).collect();
-        let desc = RemoteBuf::new(rt.id(), mr.remote_base, seg.len as u64, &keys, access);
+        let desc = RemoteBuf::new(rt.id(), mr.remote_base, seg.len as u64, &keys, access).with_memory(memory);
         Ok(ExposedBuf { buf: Some(buf), mr, desc, rt: rt.clone() })
+    }
+
+    /// The buffer, to read it its own way (a device buffer's copies to the host).
+    pub fn get_ref(&self) -> &B {
+        self.buf.as_ref().expect("present until revoke or drop")
+    }
+
+    /// Make what peers wrote visible in the buffer: call it after a peer said its writes are
+    /// done (its message, or its write's immediate event). On the staging path of device
+    /// memory, peers' writes land in the host mirror, and this copies the mirror's `range`
+    /// (all of it: `..`) into device memory, waiting for the copy; for host memory, and device
+    /// memory registered natively (where the write's completion at the peer and its immediate
+    /// event here come once the bytes are in place), there is nothing to do.
+    pub fn settle(&self, range: impl RangeBounds<usize>) -> Result<()> {
+        self.stage(CopyDir::ToDevice, range)
+    }
+
+    /// Make the buffer's bytes readable by peers: call it before peers read what the device
+    /// wrote since the buffer was exposed or last published. On the staging path this copies
+    /// device memory's `range` into the mirror peers read; elsewhere there is nothing to do.
+    pub fn publish(&self, range: impl RangeBounds<usize>) -> Result<()> {
+        self.stage(CopyDir::ToMirror, range)
+    }
+
+    fn stage(&self, dir: CopyDir, range: impl RangeBounds<usize>) -> Result<()> {
+        let Some(view) = self.get_ref().staging() else { return Ok(()) };
+        let widen = |b: Bound<&usize>| b.map(|&v| v as u64);
+        let (start, end) = bounds(widen(range.start_bound()), widen(range.end_bound()), view.len as u64);
+        if start > end || end > view.len as u64 {
+            return Err(Error::OutOfBounds {
+                op: OpKind::Copy,
+                offset: start,
+                want: end.saturating_sub(start),
+                len: view.len as u64,
+            });
+        }
+        view.copy_now(dir, start as usize..end as usize)?;
+        self.rt.count_staged_bytes((end - start) as usize);
+        Ok(())
     }
 
     /// The descriptor a peer needs to reach this buffer.
@@ -38,7 +87,13 @@ impl<B: IoBuf> ExposedBuf<B> {
 
     /// The bytes as they are now. Peers may be writing them: read after the peer said it is done
     /// (a message, an immediate event).
+    ///
+    /// Device memory cannot be read from the host this way: for a device buffer this is empty
+    /// (copy it out through [`get_ref`](Self::get_ref) after [`settle`](Self::settle)).
     pub fn as_slice(&self) -> &[u8] {
+        if self.get_ref().memory().is_device() {
+            return &[];
+        }
         let seg = self.buf.as_ref().expect("present until revoke or drop").seg();
         // SAFETY: the memory is owned by `buf` and stays valid while self lives; peers write it
         // only through the NIC, as with any memory shared with a device.
@@ -47,8 +102,11 @@ impl<B: IoBuf> ExposedBuf<B> {
 
     /// Byte `i` as it is in memory now, read without the compiler caching it: for polling a
     /// flag or sequence byte a peer writes (as perftest's write latency test does). `None`
-    /// past the end.
+    /// past the end, and for device memory (the host cannot read it).
     pub fn peek(&self, i: usize) -> Option<u8> {
+        if self.get_ref().memory().is_device() {
+            return None;
+        }
         let seg = self.buf.as_ref().expect("present until revoke or drop").seg();
         if i >= seg.len {
             return None;

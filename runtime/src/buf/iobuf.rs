@@ -1,4 +1,7 @@
+use crate::base::memory::{DmaBuf, Memory};
 use crate::base::transport::LocalSeg;
+
+use super::staging::StagedView;
 
 /// A buffer an operation can take by value: registered memory with a stable address.
 ///
@@ -14,6 +17,22 @@ pub unsafe trait IoBuf: Send + 'static {
     /// Length in bytes.
     fn bytes_len(&self) -> usize {
         self.seg().len
+    }
+    /// Where the bytes live: host memory unless the buffer says otherwise (a `CudaBuf`).
+    fn memory(&self) -> Memory {
+        Memory::Host
+    }
+    /// A device buffer on the staging path: its mirror and copies. Ops on such a buffer move
+    /// the mirror's bytes, copying to and from the device around each transfer; `seg()` then
+    /// describes the mirror. Not for applications: device buffers implement it.
+    #[doc(hidden)]
+    fn staging(&self) -> Option<StagedView> {
+        None
+    }
+    /// A dma-buf export of device memory, for transports that register device memory by it.
+    #[doc(hidden)]
+    fn dmabuf(&self) -> Option<DmaBuf> {
+        None
     }
 }
 
@@ -33,5 +52,14 @@ unsafe impl<T: IoBuf + Sync> IoBuf for std::sync::Arc<T> {
     }
     fn runtime_id(&self) -> u64 {
         (**self).runtime_id()
+    }
+    fn memory(&self) -> Memory {
+        (**self).memory()
+    }
+    fn staging(&self) -> Option<StagedView> {
+        (**self).staging()
+    }
+    fn dmabuf(&self) -> Option<DmaBuf> {
+        (**self).dmabuf()
     }
 }

@@ -2,6 +2,7 @@
 //! ownership rule: an op's buffer stays alive, in its future or (once the future is dropped) in
 //! its op cell, until the completion arrives.
 use crate::base::error::TransportError;
+use crate::base::memory::DeviceMem;
 use crate::base::transport::{Access, MemoryRegion, PostError, Posted, Transport, WorkRequest};
 
 /// Post a work request whose memory the reactor keeps alive in its in-flight table.
@@ -27,4 +28,17 @@ pub(crate) fn register(
     // and, for remotely reachable memory, hands the memory itself to the reactor to free after
     // the deregistration has returned.
     unsafe { t.register(ptr, len, access) }
+}
+
+/// Register device memory whose owner deregisters (through the reactor) before freeing it.
+pub(crate) fn register_device(
+    t: &mut dyn Transport,
+    ptr: *mut u8,
+    len: usize,
+    access: Access,
+    mem: DeviceMem,
+) -> Result<MemoryRegion, TransportError> {
+    // SAFETY: the caller is `CudaBuf`, whose Drop hands the device allocation to the reactor,
+    // which frees it only after the deregistration has returned.
+    unsafe { t.register_device(ptr, len, access, mem) }
 }

@@ -2,8 +2,11 @@ use std::ops::{Bound, Deref, DerefMut, RangeBounds};
 
 use super::{IoBuf, IoBufMut};
 use crate::base::error::{Error, OpKind, Result};
+use crate::base::memory::{DmaBuf, Memory};
 use crate::base::remote::bounds;
 use crate::base::transport::LocalSeg;
+
+use super::staging::StagedView;
 
 /// A sub-range of a buffer, used as a buffer of its own (`buf.slice(64..128)`).
 #[derive(Debug)]
@@ -53,6 +56,15 @@ unsafe impl<B: IoBuf> IoBuf for Slice<B> {
     }
     fn runtime_id(&self) -> u64 {
         self.buf.runtime_id()
+    }
+    fn memory(&self) -> Memory {
+        self.buf.memory()
+    }
+    fn staging(&self) -> Option<StagedView> {
+        self.buf.staging().map(|v| v.sub(self.start..self.end))
+    }
+    fn dmabuf(&self) -> Option<DmaBuf> {
+        self.buf.dmabuf().map(|d| DmaBuf { offset: d.offset + self.start as u64, ..d })
     }
 }
 

@@ -9,6 +9,7 @@ use crate::base::batch::Layout;
 use crate::base::control::Ctl;
 use crate::base::error::{OpKind, TransportError};
 use crate::base::lane_map::LaneMap;
+use crate::base::memory::DeviceMem;
 use crate::base::sched::{Class, TenantId};
 use crate::base::transport::{Access, LaneId, LocalSeg, MemoryRegion, WrKind};
 use crate::reactor::cell::OpCell;
@@ -73,6 +74,7 @@ pub(crate) struct OpReq {
 
 /// An op as its future holds it before submission: the request without its memory (the
 /// buffer's, added then) and cell (made then).
+#[derive(Clone)]
 pub(crate) struct Draft {
     pub peer: PeerSlot,
     pub peer_id: u64,
@@ -127,6 +129,8 @@ pub(crate) enum Cmd {
         ptr: usize,
         len: usize,
         access: Access,
+        /// Device memory, registered as such.
+        device: Option<DeviceMem>,
         reply: Reply<Result<MemoryRegion, TransportError>>,
     },
     /// A region registered on every rail group, whose keys peers may name in their questions

@@ -31,6 +31,7 @@ use slab::Slab;
 
 use crate::base::error::{Error, FailureClass, OpKind, TransportError};
 use crate::base::imm::ImmQueue;
+use crate::base::memory::DeviceMem;
 use crate::base::sched::{Chunk, SchedConfig, Scheduler};
 use crate::base::stats::Counters;
 use crate::base::transport::{Access, Completion, LocalSeg, MemoryRegion, Transport, WrKind};
@@ -301,8 +302,8 @@ impl Reactor {
                 self.accept(req)
             }
             Cmd::SetWeight { tenant, weight } => self.sched.set_weight(tenant, weight),
-            Cmd::Register { ptr, len, access, reply } => {
-                let _ = reply.send(self.register(ptr as *mut u8, len, access));
+            Cmd::Register { ptr, len, access, device, reply } => {
+                let _ = reply.send(self.register(ptr as *mut u8, len, access, device));
             }
             Cmd::Exposed { mr, len, access } => self.audit.exposed(&mr, len, access),
             Cmd::Deregister { id, keep, reply } => {
@@ -325,9 +326,18 @@ impl Reactor {
     }
 
     /// Register memory for the runtime (a peer may reach it where `access` says so).
-    fn register(&mut self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion, TransportError> {
+    fn register(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        device: Option<DeviceMem>,
+    ) -> Result<MemoryRegion, TransportError> {
         Counters::add(&self.counters.registrations);
-        let res = lease::register(self.t.as_mut(), ptr, len, access);
+        let res = match device {
+            None => lease::register(self.t.as_mut(), ptr, len, access),
+            Some(mem) => lease::register_device(self.t.as_mut(), ptr, len, access, mem),
+        };
         if let (Ok(mr), true) = (&res, access.is_remote()) {
             self.audit.exposed(mr, len, access);
         }

@@ -79,6 +79,7 @@ impl Script {
             silent_refusals: false,
             rails: 1,
             rail_numa: vec![None],
+            device: crate::base::memory::DeviceRegistration::None,
         };
         Box::new(Scripted { caps, script: self.clone() })
     }

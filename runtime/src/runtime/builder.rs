@@ -12,6 +12,7 @@ use super::{Driver, Group, Inner, Runtime};
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::imm::ImmQueue;
 use crate::base::lane_map::LaneMap;
+use crate::base::memory::DevicePolicy;
 use crate::base::refusal::RefusalCounters;
 use crate::base::sched::{Mode, SchedConfig};
 use crate::base::stats::Counters;
@@ -113,6 +114,17 @@ impl Builder {
     /// says it.
     pub fn express_rail(mut self, on: bool) -> Self {
         self.settings.express = Some(on);
+        self
+    }
+
+    /// Which path device (GPU) memory may take (or `RDMALANE_DEVICE_MEMORY=auto|native|staged|off`):
+    /// native where the transport registers device memory itself (libfabric's FI_HMEM, verbs'
+    /// dma-buf or nvidia-peermem), staged through registered pinned host memory elsewhere. The
+    /// path is decided when a buffer is registered, logged, and refused there (never later)
+    /// where the policy allows none. Default: `Auto` in a build with the `cuda` feature, `Off`
+    /// (the transport is not asked for device memory) without.
+    pub fn device_memory(mut self, policy: DevicePolicy) -> Self {
+        self.settings.device_memory = Some(policy);
         self
     }
 
@@ -251,6 +263,7 @@ impl Builder {
             rail_ids: Vec::new(),
             trust_local_peers: set.trust_local_peers,
             poll_spacing: set.poll_spacing,
+            device_memory: set.device_memory != DevicePolicy::Off,
         };
         let backend = match config.provider.as_deref() {
             None => self.backends[0].clone(),
@@ -423,6 +436,7 @@ impl Builder {
                 refusals: RefusalCounters::default(),
                 peer_timeout,
                 secret: set.secret,
+                device_memory: set.device_memory,
             }),
         })
     }

@@ -13,6 +13,7 @@ use crate::base::control::Ctl;
 use crate::base::error::{Error, OpKind, Result, TransportError};
 use crate::base::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::base::lane_map::LaneMap;
+use crate::base::memory::{DeviceMem, DevicePath, Memory};
 use crate::base::refusal::RefusalCounters;
 use crate::base::sched::{Class, TenantId};
 use crate::base::stats::{Counters, Stats};
@@ -136,6 +137,8 @@ struct Inner {
     /// Dropped after the reactor (fields drop after `Drop::drop`), so its entries find the
     /// transport gone and free their memory directly.
     mr_cache: MrCache,
+    /// Which path device memory may take.
+    device_memory: crate::base::memory::DevicePolicy,
 }
 
 impl Inner {
@@ -302,6 +305,35 @@ impl Runtime {
             .collect()
     }
 
+    /// The path device memory of kind `memory` takes on this runtime (see
+    /// [`Builder::device_memory`](crate::Builder::device_memory)), or the typed refusal naming
+    /// the provider and what it lacks: decided before anything is registered.
+    pub fn device_path(&self, memory: Memory) -> Result<DevicePath> {
+        if !memory.is_device() {
+            return Err(Error::invalid(OpKind::Register, "host memory takes no device path"));
+        }
+        self.inner.device_memory.path(self.inner.caps.device).map_err(|lacks| Error::DeviceMemory {
+            op: OpKind::Register,
+            memory,
+            provider: self.inner.caps.provider.as_str().into(),
+            lacks: lacks.into(),
+        })
+    }
+
+    /// Count a device buffer registered on `path` (see [`Stats`]).
+    pub(crate) fn count_device_buffer(&self, path: DevicePath) {
+        let c = &self.inner.counters[0];
+        match path {
+            DevicePath::Native(_) => Counters::add_shared(&c.device_native),
+            DevicePath::Staged => Counters::add_shared(&c.device_staged),
+        }
+    }
+
+    /// Count `n` bytes copied between device memory and a staging mirror.
+    pub(crate) fn count_staged_bytes(&self, n: usize) {
+        self.inner.counters[0].staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// Whether this runtime has an express rail (see
     /// [`Builder::express_rail`](crate::Builder::express_rail)): its rail 0 is then a transport
     /// of its own on the first NIC, with its own reactor, carrying messages and latency-class
@@ -432,12 +464,24 @@ impl Runtime {
     }
 
     pub(crate) fn register_region(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
+        self.register_memory(ptr, len, access, None)
+    }
+
+    /// Register host memory, or (`device`) device memory with the transport's own device
+    /// registration.
+    pub(crate) fn register_memory(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        device: Option<DeviceMem>,
+    ) -> Result<MemoryRegion> {
         let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
         let (res, ns) = timed(|| {
             if self.inner.groups.len() > 1 {
-                return self.register_on_groups(op, ptr, len, access);
+                return self.register_on_groups(op, ptr, len, access, device);
             }
-            self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })?
+            self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, device, reply })?
                 .map_err(|e| Error::from_transport(op, "-", e))
         });
         self.inner.counters[0].registration_ns.fetch_add(ns, Ordering::Relaxed);
@@ -452,6 +496,7 @@ impl Runtime {
         ptr: *mut u8,
         len: usize,
         access: Access,
+        device: Option<DeviceMem>,
     ) -> Result<MemoryRegion> {
         let mut keys = vec![0u64; self.inner.caps.rails];
         let mut regs: GroupRegs = Vec::with_capacity(self.inner.groups.len());
@@ -459,7 +504,7 @@ impl Runtime {
         let mut failure = None;
         for (g, group) in self.groups() {
             let res = self
-                .call_on(g, op, |reply| Cmd::Register { ptr: ptr as usize, len, access, reply })
+                .call_on(g, op, |reply| Cmd::Register { ptr: ptr as usize, len, access, device, reply })
                 .and_then(|r| r.map_err(|e| Error::from_transport(op, "-", e)));
             match res {
                 Ok(mr) if base.is_none_or(|b| b == mr.remote_base) => {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::base::error::Result;
+use crate::base::memory::DevicePolicy;
 use crate::base::sched::SchedConfig;
 use crate::base::vars::{self, invalid, parse};
 use crate::base::MAX_RAILS;
@@ -22,6 +23,7 @@ pub(crate) struct Settings {
     pub poll_spacing: Option<Duration>,
     pub await_spin: Option<Duration>,
     pub express: Option<bool>,
+    pub device_memory: Option<DevicePolicy>,
     pub mr_cache_bytes: Option<usize>,
     pub max_message: Option<usize>,
     pub peer_timeout: Option<Duration>,
@@ -57,6 +59,8 @@ pub(crate) struct Resolved {
     pub await_spin: Option<Duration>,
     /// An express rail (see `LaneMap`); `None`: by the host's cores and the provider.
     pub express: Option<bool>,
+    /// Which path device memory may take.
+    pub device_memory: DevicePolicy,
     pub mr_cache_bytes: usize,
     pub max_message: Option<usize>,
     pub peer_timeout: Duration,
@@ -125,6 +129,11 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         poll_spacing: s.poll_spacing.or(poll_spacing_env),
         await_spin: s.await_spin.or(await_spin_env),
         express: s.express.or(vars::flag("RDMALANE_EXPRESS", var("RDMALANE_EXPRESS"))?),
+        device_memory: pick(
+            s.device_memory,
+            vars::device_policy(var("RDMALANE_DEVICE_MEMORY"))?,
+            default_device_policy(),
+        ),
         mr_cache_bytes: pick(s.mr_cache_bytes, num("RDMALANE_MR_CACHE_BYTES")?, MR_CACHE_BYTES),
         max_message,
         peer_timeout: pick(s.peer_timeout, peer_timeout_env, PEER_TIMEOUT).max(PEER_TIMEOUT_MIN),
@@ -135,6 +144,16 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
             .filter(|k| !k.is_empty()),
         sched,
     })
+}
+
+/// Device memory's default: where this build has a device buffer (the `cuda` feature), native
+/// where the transport can, staged elsewhere; without one, the transport is not asked.
+fn default_device_policy() -> DevicePolicy {
+    if cfg!(feature = "cuda") {
+        DevicePolicy::Auto
+    } else {
+        DevicePolicy::Off
+    }
 }
 
 /// The one rule.
@@ -270,6 +289,18 @@ mod tests {
         );
         let bad = resolve(&Settings::default(), &with(&[("RDMALANE_EXPRESS", "maybe")])).unwrap_err();
         assert!(bad.to_string().contains("RDMALANE_EXPRESS=maybe"), "{bad}");
+    }
+
+    #[test]
+    fn device_memory() {
+        rule(
+            ("RDMALANE_DEVICE_MEMORY", "staged"),
+            |s| s.device_memory = Some(DevicePolicy::Native),
+            |r| r.device_memory,
+            (default_device_policy(), DevicePolicy::Staged, DevicePolicy::Native),
+        );
+        let bad = resolve(&Settings::default(), &with(&[("RDMALANE_DEVICE_MEMORY", "gpu")])).unwrap_err();
+        assert!(bad.to_string().contains("RDMALANE_DEVICE_MEMORY=gpu"), "{bad}");
     }
 
     #[test]

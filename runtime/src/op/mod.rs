@@ -19,6 +19,11 @@ use crate::reactor::cmd::Draft;
 use crate::reactor::AtOnce;
 use crate::runtime::Runtime;
 
+mod staged;
+
+use staged::StagedOp;
+pub(crate) use staged::STAGE_CHUNK;
+
 /// Kept small (an op moves by value through the caller's futures, and up to 128 bytes moves
 /// without a call to `memcpy`): the request's memory and cell are added when it is submitted,
 /// and an error waits boxed.
@@ -33,6 +38,8 @@ enum Inner {
     /// alive where it is a registered buffer.) With how long a poll may watch for the outcome
     /// before parking (`driver::handoff`).
     Pending(u64, Arc<OpCell>, AwaitSpin),
+    /// A device buffer's op on the staging path: copies and transfers of its mirror.
+    Staged(Box<StagedOp>),
 }
 
 /// An operation. Nothing happens until it is first polled (then it is handed to the reactor,
@@ -58,18 +65,34 @@ impl<B: IoBuf> Op<B> {
         Op { inner: Inner::Unsubmitted(rt, draft), buf: Some(buf) }
     }
 
+    /// An op on a device buffer on the staging path (`buf.staging()` is `view`): `locals` are
+    /// a batch's local ranges.
+    pub(crate) fn staged(
+        rt: Runtime,
+        draft: Draft,
+        buf: B,
+        view: crate::buf::StagedView,
+        locals: Option<Vec<std::ops::Range<usize>>>,
+    ) -> Op<B> {
+        Op { inner: Inner::Staged(Box::new(StagedOp::new(rt, draft, view, locals))), buf: Some(buf) }
+    }
+
     /// Serve this op in `class` instead of the class its size gives it.
     pub fn class(mut self, class: Class) -> Self {
-        if let Inner::Unsubmitted(_, d) = &mut self.inner {
-            d.class = Some(class);
+        match &mut self.inner {
+            Inner::Unsubmitted(_, d) => d.class = Some(class),
+            Inner::Staged(s) => s.template_mut().class = Some(class),
+            _ => {}
         }
         self
     }
 
     /// Count this op against `tenant`'s share (default 0).
     pub fn tenant(mut self, tenant: TenantId) -> Self {
-        if let Inner::Unsubmitted(_, d) = &mut self.inner {
-            d.tenant = tenant;
+        match &mut self.inner {
+            Inner::Unsubmitted(_, d) => d.tenant = tenant,
+            Inner::Staged(s) => s.template_mut().tenant = tenant,
+            _ => {}
         }
         self
     }
@@ -180,6 +203,10 @@ impl<B: IoBuf> Future for Op<B> {
             Inner::Pending(rt, cell, spin) => match Self::outcome(cell, *rt, *spin, cx) {
                 Some(o) => o.map(|d| d.len),
                 None => return Poll::Pending,
+            },
+            Inner::Staged(s) => match s.poll(cx) {
+                Poll::Ready(r) => r,
+                Poll::Pending => return Poll::Pending,
             },
         };
         // Let go of the cell now: the op is over.
