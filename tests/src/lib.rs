@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rdmalane::{Endpoint, RemoteBuf, Runtime};
 
+pub mod device;
 pub mod etcd;
 
 /// The providers every conformance test runs on: `tcp` and `shm`, or the comma-separated list in

@@ -65,9 +65,12 @@ pub(crate) struct StagePlan {
     /// Out: hold the last transfer until every other one has landed (it carries the
     /// immediate value).
     hold_last: bool,
-    /// In: bytes each transfer actually landed (a receive may be shorter than its buffer).
+    /// Bytes each transfer moved (a receive may be shorter than its buffer, a batch moves its
+    /// pieces).
     landed: Vec<usize>,
     failed: Option<Error>,
+    /// In: the transfer may land fewer bytes than its range (a receive).
+    short_ok: bool,
     /// Steps handed out, waiting for `next` to be asked again.
     ready: Vec<Step>,
 }
@@ -91,7 +94,9 @@ impl StagePlan {
 
     /// One transfer of `len` bytes (a send, a receive) with one copy of it.
     pub(crate) fn whole(flow: Flow, len: usize) -> StagePlan {
-        StagePlan::new(flow, vec![0..len], vec![0..len], vec![0..1], vec![0], false)
+        let mut p = StagePlan::new(flow, vec![0..len], vec![0..len], vec![0..1], vec![0], false);
+        p.short_ok = true;
+        p
     }
 
     /// One transfer (a batch over the whole buffer, `len` bytes) whose pieces cover the local
@@ -120,6 +125,7 @@ impl StagePlan {
             filled_by,
             hold_last: hold_last && flow == Flow::Out,
             failed: None,
+            short_ok: false,
             ready: Vec::new(),
         };
         match flow {
@@ -134,13 +140,14 @@ impl StagePlan {
     pub(crate) fn copy_range(&self, i: usize) -> Range<usize> {
         let r = self.copies[i].clone();
         match self.flow {
-            // A copy up moves what its transfer landed, no more.
-            Flow::In => {
+            // A receive's copy up moves what landed, no more (a read or a batch lands its
+            // whole range, or fails).
+            Flow::In if self.short_ok => {
                 let t = &self.transfers[self.filled_by[i]];
                 let end = (t.start + self.landed[self.filled_by[i]]).min(r.end);
                 r.start..end.max(r.start)
             }
-            Flow::Out => r,
+            _ => r,
         }
     }
 
@@ -207,10 +214,8 @@ impl StagePlan {
         if !all(&self.copy_state) || !all(&self.transfer_state) {
             return None;
         }
-        Some(Ok(match self.flow {
-            Flow::Out => self.transfers.iter().map(|r| r.len()).sum(),
-            Flow::In => self.landed.iter().sum(),
-        }))
+        // What the transfers moved (a batch moves its pieces, not its whole range).
+        Some(Ok(self.landed.iter().sum()))
     }
 
     /// Copies running now.
@@ -346,10 +351,10 @@ mod tests {
         out.copied(1);
         assert_eq!(drain(&mut out), vec![Step::Post(0)]);
         out.transferred(0, Ok(16));
-        assert_eq!(out.outcome().unwrap().unwrap(), 64, "out counts the transfer's range");
+        assert_eq!(out.outcome().unwrap().unwrap(), 16, "a batch counts its pieces' bytes");
         let mut back = StagePlan::batch(Flow::In, 64, vec![0..8, 32..40]);
         assert_eq!(drain(&mut back), vec![Step::Post(0)]);
-        back.transferred(0, Ok(64));
+        back.transferred(0, Ok(16));
         assert_eq!(drain(&mut back), vec![Step::Copy(0), Step::Copy(1)]);
         assert_eq!((back.copy_range(0), back.copy_range(1)), (0..8, 32..40));
         back.copied(1);
