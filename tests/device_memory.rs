@@ -1,93 +1,22 @@
 //! Device memory on real providers: writes, reads, page batches and messages between host and
 //! device memory, in every direction, land byte-exact; the target reads only through the
 //! documented sync (the write's immediate event, then `settle`; `publish` before peers read);
-//! dropping staged ops at any point is safe; device memory a runtime cannot move is refused at
-//! once with a typed error. Everywhere on the emulated device (the staging path with host
-//! copies); with the `cuda` feature and `RDMALANE_GPU=1`, on CUDA memory too (the path the
-//! runtime picks: native with FI_HMEM, staged without).
-use std::time::Duration;
+//! dropping ops at any point is safe; device memory a runtime cannot move is refused at once
+//! with a typed error. Everywhere on the emulated device (the staging path with host copies),
+//! in one process and two; with the `cuda` feature and `RDMALANE_GPU=1`, on CUDA memory too
+//! (on the path the runtime picks: native with FI_HMEM, staged without).
+use std::process::Command;
 
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 use rdmalane::buf::EmulatedDeviceBuf;
-use rdmalane::{Access, DevicePolicy, Error, Memory, Pieces, RegisteredBuf, Runtime};
-use rdmalane_conformance::device::TestBuf;
-use rdmalane_conformance::{bounded, builder, pair, pattern, providers, runtime, share};
+use rdmalane::{DevicePolicy, Error, Memory, RegisteredBuf, Runtime};
+use rdmalane_conformance::device::{drop_storm, initiator, initiator_to, target, TestBuf};
+use rdmalane_conformance::{bounded, builder, pair, providers, runtime, spawn_listening};
 
-/// Sizes across the staging chunk (2 MiB): one small op, one of a few pages, one of 3 chunks.
-const SIZES: [usize; 3] = [16, 3 * 4096 + 5, (5 << 20) + 123];
-
-/// `S` at runtime `a` to and from `T` exposed at runtime `b`.
+/// `S` at `a` to and from `T` exposed at `b`, both in this process.
 async fn suite<S: TestBuf, T: TestBuf>(p: &str, a: &Runtime, b: &Runtime) {
     let what = format!("{p}: {} -> {}", S::KIND, T::KIND);
     let (ab, ba) = pair(a, b).await;
-    let region = *SIZES.iter().max().unwrap();
-    let exposed = b.expose(T::make(b, region), Access::READ_WRITE).expect("expose");
-    let remote = share(&ba, &ab, exposed.descriptor()).await;
-    if T::KIND != "host" {
-        assert!(remote.memory().is_device(), "{what}: the descriptor says device memory");
-    }
-    for (k, &n) in SIZES.iter().enumerate() {
-        let want = pattern(n, k as u64 + 1);
-        let mut src = S::make(a, n);
-        src.put(0, &want);
-        let at = remote.slice(0..n as u64).unwrap();
-        let tag = 0x100 + k as u64;
-        let (sent, _) = ab.write_with_imm(src, &at, tag).await;
-        sent.unwrap_or_else(|e| panic!("{what}: write of {n}: {e}"));
-        // The target knows the bytes are there by the write's immediate event, then settles.
-        let ev = tokio::time::timeout(Duration::from_secs(20), b.next_imm()).await.expect("imm event");
-        assert_eq!(ev.imm, tag, "{what}");
-        exposed.settle(..n).expect("settle");
-        assert!(exposed.get_ref().get()[..n] == want[..], "{what}: {n} bytes written");
-        // Back: the target publishes, the initiator reads into fresh memory of its kind.
-        exposed.publish(..n).expect("publish");
-        let (got, back) = ab.read_remote(S::make(a, n), &at).await;
-        assert_eq!(got.unwrap_or_else(|e| panic!("{what}: read of {n}: {e}")), n);
-        assert!(back.get() == want, "{what}: {n} bytes read back");
-    }
-    // Scattered pages, as a KV cache moves them: 64 of 32 KiB, shuffled on both sides.
-    let page = 32 << 10;
-    let pages = 64;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
-    let mut l: Vec<usize> = (0..pages).collect();
-    let mut r: Vec<usize> = (0..region / page).collect();
-    l.shuffle(&mut rng);
-    r.shuffle(&mut rng);
-    let pieces = Pieces::pages(&l[..40], &r[..40], page).unwrap();
-    let want = pattern(pages * page, 77);
-    let mut src = S::make(a, pages * page);
-    src.put(0, &want);
-    let (moved, _) = ab.write_batch_with_imm(src, &remote, &pieces, 0x900).await;
-    assert_eq!(moved.unwrap_or_else(|e| panic!("{what}: batch: {e}")) as u64, pieces.bytes());
-    tokio::time::timeout(Duration::from_secs(20), b.wait_imm(0x900, pieces.len()))
-        .await
-        .expect("every piece's event");
-    exposed.settle(..).expect("settle");
-    let target = exposed.get_ref().get();
-    for (i, pc) in pieces.iter().enumerate() {
-        let at = pc.remote as usize;
-        assert!(target[at..at + pc.len] == want[pc.local..pc.local + pc.len], "{what}: page {i} written");
-    }
-    exposed.publish(..).expect("publish");
-    let (moved, back) = ab.read_batch(S::make(a, pages * page), &remote, &pieces).await;
-    assert_eq!(moved.unwrap_or_else(|e| panic!("{what}: read batch: {e}")) as u64, pieces.bytes());
-    let back = back.get();
-    for (i, pc) in pieces.iter().enumerate() {
-        assert!(
-            back[pc.local..pc.local + pc.len] == want[pc.local..pc.local + pc.len],
-            "{what}: page {i} read"
-        );
-    }
-    // A message from `S` into `T`: the receive resolves to its length, the bytes are there.
-    let want = pattern(1000, 5);
-    let mut msg = S::make(a, 1000);
-    msg.put(0, &want);
-    let recv = ba.recv(T::make(b, 4096)).start();
-    ab.send(msg).await.0.unwrap_or_else(|e| panic!("{what}: send: {e}"));
-    let (n, got) = recv.await;
-    assert_eq!(n.unwrap(), 1000, "{what}: message length");
-    assert!(got.get()[..1000] == want[..], "{what}: message bytes");
+    tokio::join!(initiator::<S>(&ab, &what), target::<T>(&ba));
 }
 
 #[test]
@@ -104,94 +33,66 @@ fn host_and_device_memory_move_byte_exact_in_every_direction() {
     }
 }
 
-/// CUDA memory in every direction, on the path the runtime picks (`RDMALANE_GPU=1` on a GPU).
+/// The suite against a target in a process of its own (`device_peer PROVIDER KIND`), with
+/// memory of kind `S` here; then again on a second connection after a drop storm.
+async fn across_processes<S: TestBuf>(p: &str, kind: &str) {
+    let peer = env!("CARGO_BIN_EXE_device_peer");
+    let (child, _out, addr) = spawn_listening({
+        let mut c = Command::new(peer);
+        c.args([p, kind]);
+        c
+    });
+    // Killed however this ends, a failed assertion included.
+    let _child = Reaped(child);
+    let what = format!("{p}: {} -> {kind} in another process", S::KIND);
+    let rt = runtime(p);
+    let ep = rt.connect(addr.as_str()).await.expect("connect");
+    initiator::<S>(&ep, &what).await;
+    drop(ep);
+    let ep = rt.connect(addr.as_str()).await.expect("connect again");
+    let remote = ep.recv_descriptor().await.expect("descriptor");
+    drop_storm::<S>(&ep, &remote, &what).await;
+    initiator_to::<S>(&ep, &remote, &format!("{what}, after a drop storm")).await;
+}
+
+/// A child process killed when this drops.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn device_memory_moves_byte_exact_between_processes_and_survives_a_drop_storm() {
+    for p in providers() {
+        bounded(300, async {
+            across_processes::<EmulatedDeviceBuf>(p, "emulated").await;
+            across_processes::<EmulatedDeviceBuf>(p, "host").await;
+            across_processes::<RegisteredBuf>(p, "emulated").await;
+        });
+    }
+}
+
+/// CUDA memory in every direction, two processes on one GPU, on the path the runtime picks
+/// (`RDMALANE_GPU=1`).
 #[cfg(feature = "cuda")]
 #[test]
-fn cuda_memory_moves_byte_exact_in_every_direction() {
+fn cuda_memory_moves_byte_exact_between_processes_and_survives_a_drop_storm() {
     if std::env::var("RDMALANE_GPU").as_deref() != Ok("1") {
-        eprintln!("cuda_memory_moves_byte_exact_in_every_direction: RDMALANE_GPU=1 runs it on a GPU");
+        eprintln!("cuda memory tests: RDMALANE_GPU=1 runs them on a GPU");
         return;
     }
     use rdmalane::CudaBuf;
     for p in providers() {
-        bounded(240, async {
-            let (a, b) = (runtime(p), runtime(p));
-            let path = a.device_path(Memory::Cuda { device: 0 }).expect("a device path");
+        bounded(300, async {
+            let path = runtime(p).device_path(Memory::Cuda { device: 0 }).expect("a device path");
             eprintln!("{p}: CUDA memory takes the {path} path");
-            suite::<CudaBuf, RegisteredBuf>(p, &a, &b).await;
-            suite::<RegisteredBuf, CudaBuf>(p, &a, &b).await;
-            suite::<CudaBuf, CudaBuf>(p, &a, &b).await;
-        });
-    }
-}
-
-/// Start staged writes of random sizes, drop each at a random point (before its first poll,
-/// after a few, mid-transfer), then check the target still takes a write byte-exact and the
-/// runtime let go of every op.
-async fn drop_storm<S: TestBuf>(p: &str, a: &Runtime, b: &Runtime) {
-    let (ab, ba) = pair(a, b).await;
-    let region = 6 << 20;
-    let exposed = b.expose(S::make(b, region), Access::READ_WRITE).expect("expose");
-    let remote = share(&ba, &ab, exposed.descriptor()).await;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    for i in 0..120 {
-        let n = rng.gen_range(1..=region);
-        let mut src = S::make(a, n);
-        src.put(0, &pattern(n.min(64), i));
-        let mut op = if i % 3 == 0 {
-            ab.read_remote(src, &remote.slice(0..n as u64).unwrap())
-        } else {
-            ab.write_remote(src, &remote.slice(0..n as u64).unwrap())
-        };
-        for _ in 0..rng.gen_range(0..4) {
-            if futures::poll!(&mut op).is_ready() {
-                break;
-            }
-            if rng.gen_bool(0.5) {
-                tokio::time::sleep(Duration::from_micros(rng.gen_range(0..300))).await;
-            }
-        }
-        drop(op);
-    }
-    let want = pattern(region, 99);
-    let mut src = S::make(a, region);
-    src.put(0, &want);
-    ab.write_with_imm(src, &remote, 1).await.0.unwrap_or_else(|e| panic!("{p}: write after the storm: {e}"));
-    let _ = tokio::time::timeout(Duration::from_secs(20), b.next_imm()).await.expect("imm");
-    exposed.settle(..).expect("settle");
-    assert!(exposed.get_ref().get() == want, "{p}: the write after the storm landed");
-    let t = std::time::Instant::now();
-    loop {
-        let s = a.stats();
-        if s.submitted == s.completed + s.failed + s.withdrawn {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "{p}: ops never accounted for: {s:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-#[test]
-fn dropping_staged_ops_at_any_point_is_safe() {
-    for p in providers() {
-        bounded(240, async {
-            let (a, b) = (runtime(p), runtime(p));
-            drop_storm::<EmulatedDeviceBuf>(p, &a, &b).await;
-        });
-    }
-}
-
-#[cfg(feature = "cuda")]
-#[test]
-fn dropping_ops_on_cuda_memory_at_any_point_is_safe() {
-    if std::env::var("RDMALANE_GPU").as_deref() != Ok("1") {
-        eprintln!("dropping_ops_on_cuda_memory_at_any_point_is_safe: RDMALANE_GPU=1 runs it on a GPU");
-        return;
-    }
-    for p in providers() {
-        bounded(240, async {
-            let (a, b) = (runtime(p), runtime(p));
-            drop_storm::<rdmalane::CudaBuf>(p, &a, &b).await;
+            across_processes::<CudaBuf>(p, "cuda").await;
+            across_processes::<CudaBuf>(p, "host").await;
+            across_processes::<RegisteredBuf>(p, "cuda").await;
         });
     }
 }

@@ -4,8 +4,9 @@ use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::backend::{Access, Completion, PostError, WrKind};
+use rdmalane::IoBuf;
 
-use crate::cli::{Common, Engine};
+use crate::cli::{Common, Engine, MemoryArg};
 use crate::conn::{serve_each, with_server, BoxErr, CpuMeter, RawConn, RtConn};
 use crate::report::{print, Progress, Val};
 
@@ -13,6 +14,8 @@ struct Outcome {
     provider: String,
     secs: f64,
     cpu_pct: f64,
+    /// With device memory: the path it took ("native", "staged").
+    path: Option<String>,
 }
 
 pub fn run(a: &Common) -> Result<(), BoxErr> {
@@ -61,9 +64,16 @@ fn run_one(a: &Common) -> Result<f64, BoxErr> {
     })?;
     let bytes = (a.size * a.iters) as f64;
     let gbps = bytes * 8.0 / o.secs / 1e9;
+    let mut extra = Vec::new();
+    if a.memory == MemoryArg::Cuda {
+        extra = device_baselines(a, gbps, o.path.clone())?;
+    }
     print(
         a.json,
-        &format!("bw: {} B writes, window {}, over {}, engine {:?}", a.size, a.window, o.provider, a.engine),
+        &format!(
+            "bw: {} B writes, window {}, over {}, engine {:?}, {:?} memory",
+            a.size, a.window, o.provider, a.engine, a.memory
+        ),
         &[
             ("bench", Val::S("bw".into())),
             ("provider", Val::S(o.provider)),
@@ -75,15 +85,56 @@ fn run_one(a: &Common) -> Result<f64, BoxErr> {
             ("mb_per_s", Val::F(bytes / o.secs / 1e6)),
             ("cpu_pct", Val::F(o.cpu_pct)),
             ("server_cpu_pct", Val::F(server_cpu.unwrap_or(f64::NAN))),
-        ],
+            ("memory", Val::S(format!("{:?}", a.memory).to_lowercase())),
+        ]
+        .into_iter()
+        .chain(extra)
+        .collect::<Vec<_>>(),
     );
     Ok(gbps)
 }
 
+/// Beside a run on device memory, in the same process: cudaMemcpy device to device at the same
+/// footprint, and (for the staging path) the pinned copies that bound it.
+#[cfg(feature = "cuda")]
+fn device_baselines(a: &Common, gbps: f64, path: Option<String>) -> Result<Vec<(&'static str, Val)>, BoxErr> {
+    let rt = crate::conn::build_rt(a)?;
+    let d2d = crate::gpu::d2d_gbps(&rt, a.size)?;
+    let (d2h, h2d) = crate::gpu::pinned_gbps(&a.provider, a.size)?;
+    Ok(vec![
+        ("path", Val::S(path.unwrap_or_else(|| "raw".into()))),
+        ("d2d_gbps", Val::F(d2d)),
+        ("of_d2d", Val::F(gbps / d2d)),
+        ("pinned_d2h_gbps", Val::F(d2h)),
+        ("pinned_h2d_gbps", Val::F(h2d)),
+    ])
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_baselines(_: &Common, _: f64, _: Option<String>) -> Result<Vec<(&'static str, Val)>, BoxErr> {
+    Err(crate::gpu::unavailable())
+}
+
 fn rt_server(c: &mut RtConn, a: &Common) -> Result<f64, BoxErr> {
+    match a.memory {
+        MemoryArg::Host => {
+            let b = c.rt.alloc(a.size)?;
+            rt_server_on(c, b)
+        }
+        #[cfg(feature = "cuda")]
+        MemoryArg::Cuda => {
+            let b = crate::gpu::buffer(&c.rt, a.size)?;
+            rt_server_on(c, b)
+        }
+        #[cfg(not(feature = "cuda"))]
+        MemoryArg::Cuda => Err(crate::gpu::unavailable()),
+    }
+}
+
+fn rt_server_on<B: IoBuf>(c: &mut RtConn, buf: B) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
-        let target = rt.expose(rt.alloc(a.size)?, Access::WRITE)?;
+        let target = rt.expose(buf, Access::WRITE)?;
         let done = ep.recv(rt.alloc(8)?).start();
         let cpu = CpuMeter::start();
         ep.send_descriptor(&target.descriptor()).await?;
@@ -94,15 +145,30 @@ fn rt_server(c: &mut RtConn, a: &Common) -> Result<f64, BoxErr> {
 }
 
 fn rt_client(c: &mut RtConn, a: &Common) -> Result<Outcome, BoxErr> {
+    match a.memory {
+        MemoryArg::Host => {
+            let free = (0..a.window).map(|_| c.rt.alloc(a.size)).collect::<Result<Vec<_>, _>>()?;
+            rt_client_on(c, a, free)
+        }
+        #[cfg(feature = "cuda")]
+        MemoryArg::Cuda => {
+            let free =
+                (0..a.window).map(|_| crate::gpu::buffer(&c.rt, a.size)).collect::<Result<Vec<_>, _>>()?;
+            let mut o = rt_client_on(c, a, free)?;
+            o.path = Some(crate::gpu::path(&c.rt));
+            Ok(o)
+        }
+        #[cfg(not(feature = "cuda"))]
+        MemoryArg::Cuda => Err(crate::gpu::unavailable()),
+    }
+}
+
+fn rt_client_on<B: IoBuf>(c: &mut RtConn, a: &Common, mut free: Vec<B>) -> Result<Outcome, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     let total = a.warmup + a.iters;
     let mut progress = Progress::new(!a.json, total);
     rt.block_on(async {
         let remote = ep.recv_descriptor().await?;
-        let mut free = Vec::with_capacity(a.window);
-        for _ in 0..a.window {
-            free.push(rt.alloc(a.size)?);
-        }
         let mut inflight = FuturesUnordered::new();
         let (mut issued, mut done) = (0, 0);
         let mut started = None;
@@ -127,12 +193,73 @@ fn rt_client(c: &mut RtConn, a: &Common) -> Result<Outcome, BoxErr> {
         progress.done();
         let (r, _) = ep.send(rt.alloc(8)?).await;
         r?;
-        Ok(Outcome { provider: rt.provider().to_string(), secs, cpu_pct })
+        Ok(Outcome { provider: rt.provider().to_string(), secs, cpu_pct, path: None })
     })
 }
 
+/// The raw engine's `n` buffers of `len` bytes with `access`: its own host memory, or device
+/// memory (allocated through a runtime, registered by the engine's transport with FI_HMEM) kept
+/// alive in the returned holder until the engine is done.
+fn raw_buffers(
+    c: &mut RawConn,
+    a: &Common,
+    n: usize,
+    len: usize,
+    access: Access,
+) -> Result<(Vec<usize>, Keep), BoxErr> {
+    match a.memory {
+        MemoryArg::Host => {
+            Ok(((0..n).map(|_| c.eng.alloc(len, access)).collect::<Result<_, _>>()?, Keep::default()))
+        }
+        #[cfg(feature = "cuda")]
+        MemoryArg::Cuda => {
+            if !c.eng.caps().device.is_some() {
+                return Err(format!(
+                    "raw fi_write of device memory needs FI_HMEM, which {} lacks here",
+                    c.eng.caps().provider
+                )
+                .into());
+            }
+            let rt = rdmalane::Runtime::builder()
+                .backend(rdmalane_efa::Libfabric)
+                .provider(&a.provider)
+                .device_memory(rdmalane::DevicePolicy::Staged)
+                .build()?;
+            let mut keep = Keep::default();
+            let mut ids = Vec::with_capacity(n);
+            for _ in 0..n {
+                let b = crate::gpu::buffer(&rt, len)?;
+                let mem = rdmalane::backend::DeviceMem {
+                    memory: rdmalane::Memory::Cuda { device: crate::gpu::DEVICE },
+                    dmabuf: None,
+                };
+                // SAFETY: the device memory lives in `keep`, which the caller holds until the
+                // engine is done with it.
+                ids.push(unsafe {
+                    c.eng.register_external(b.device_ptr() as *mut u8, len, access, Some(mem))?
+                });
+                keep.bufs.push(b);
+            }
+            keep.rt = Some(rt);
+            Ok((ids, keep))
+        }
+        #[cfg(not(feature = "cuda"))]
+        MemoryArg::Cuda => Err(crate::gpu::unavailable()),
+    }
+}
+
+/// Device memory the raw engine registered, kept until it is done.
+#[derive(Default)]
+struct Keep {
+    #[cfg(feature = "cuda")]
+    bufs: Vec<rdmalane::CudaBuf>,
+    #[cfg(feature = "cuda")]
+    rt: Option<rdmalane::Runtime>,
+}
+
 fn raw_server(c: &mut RawConn, a: &Common) -> Result<f64, BoxErr> {
-    let target = c.eng.alloc(a.size, Access::WRITE)?;
+    let (ids, _keep) = raw_buffers(c, a, 1, a.size, Access::WRITE)?;
+    let target = ids[0];
     let (addr, key) = c.eng.remote(target);
     c.put(addr)?;
     c.put(key)?;
@@ -156,8 +283,7 @@ fn raw_server(c: &mut RawConn, a: &Common) -> Result<f64, BoxErr> {
 fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
     let (addr, key) = (c.get()?, c.get()?);
     let total = a.warmup + a.iters;
-    let mems: Vec<usize> =
-        (0..a.window).map(|_| c.eng.alloc(a.size, Access::LOCAL)).collect::<Result<_, _>>()?;
+    let (mems, _keep) = raw_buffers(c, a, a.window, a.size, Access::LOCAL)?;
     let mut free: Vec<usize> = (0..a.window).collect();
     let mut comps = Vec::with_capacity(64);
     let (mut issued, mut done) = (0, 0);
@@ -196,5 +322,5 @@ fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
     let cpu_pct = cpu.pct();
     progress.done();
     c.put(1)?;
-    Ok(Outcome { provider: c.eng.caps().provider.clone(), secs, cpu_pct })
+    Ok(Outcome { provider: c.eng.caps().provider.clone(), secs, cpu_pct, path: None })
 }

@@ -191,6 +191,19 @@ pub struct Common {
     /// tokio-multi).
     #[arg(long, value_enum, default_value_t = Executor::BlockOn)]
     pub executor: Executor,
+    /// bw, pages: where the buffers live on both sides: `host`, or `cuda` (device 0, in a
+    /// build with the `cuda` feature), on the path the runtime picks (`RDMALANE_DEVICE_MEMORY`).
+    #[arg(long, value_enum, default_value_t = MemoryArg::Host)]
+    pub memory: MemoryArg,
+}
+
+/// Where `bw` and `pages` keep their buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MemoryArg {
+    /// Host memory.
+    Host,
+    /// CUDA device 0's memory.
+    Cuda,
 }
 
 impl Common {

@@ -10,7 +10,7 @@ use rdmalane::backend::PeerAddr;
 use rdmalane::{Driver, Endpoint, Listener, Runtime};
 use rdmalane_efa::raw::RawEngine;
 
-use crate::cli::{Common, DriverArg, Engine, LatOp};
+use crate::cli::{Common, DriverArg, Engine, LatOp, MemoryArg};
 
 pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
 
@@ -47,6 +47,7 @@ impl ServerChild {
             .args(["--size", &a.size.to_string(), "--iters", &a.iters.to_string()])
             .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
             .args(["--driver", if a.driver == DriverArg::Thread { "thread" } else { "inline" }])
+            .args(["--memory", if a.memory == MemoryArg::Cuda { "cuda" } else { "host" }])
             .args(extra)
             .args(a.op.iter().flat_map(|op| {
                 let name = match op {
@@ -195,7 +196,7 @@ fn tokio_rt() -> Result<tokio::runtime::Runtime, BoxErr> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?)
 }
 
-fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
+pub fn build_rt(a: &Common) -> Result<Runtime, BoxErr> {
     build_rt_with(a, sched_from_env(), 1, 1)
 }
 
@@ -286,7 +287,7 @@ fn raw_engine(a: &Common) -> Result<RawEngine, BoxErr> {
         let spec = rdmalane_verbs::DeviceSpec::parse(Some(&a.provider))?;
         return Ok(RawEngine::on(Box::new(rdmalane_verbs::VerbsTransport::open(&spec, false)?))?);
     }
-    Ok(RawEngine::open(Some(&a.provider), a.node.as_deref())?)
+    Ok(RawEngine::open_with(Some(&a.provider), a.node.as_deref(), a.memory == MemoryArg::Cuda)?)
 }
 
 impl RawConn {

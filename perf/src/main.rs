@@ -6,6 +6,7 @@
 mod bw;
 mod cli;
 mod conn;
+mod gpu;
 mod lat;
 mod mixed;
 mod pages;

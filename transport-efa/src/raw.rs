@@ -5,7 +5,7 @@ use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 
 use rdmalane::backend::{
-    Access, Completion, LaneId, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport,
+    Access, Completion, DeviceMem, LaneId, LocalSeg, MemoryRegion, PeerAddr, PostError, Posted, Transport,
 };
 use rdmalane::backend::{WorkRequest, WrId, WrKind};
 use rdmalane::{Error, OpKind, Result};
@@ -16,6 +16,8 @@ struct RawMem {
     ptr: NonNull<u8>,
     layout: Layout,
     mr: MemoryRegion,
+    /// Allocated here (else the caller's, see `register_external`).
+    owned: bool,
 }
 
 /// A transport endpoint plus memory it owns.
@@ -33,7 +35,21 @@ unsafe impl Send for RawEngine {}
 impl RawEngine {
     /// Open `provider` as the runtime would.
     pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<RawEngine> {
-        Self::on(Box::new(FabricTransport::open(provider, node, false)?))
+        Self::open_with(provider, node, false)
+    }
+
+    /// As [`open`](Self::open); `hmem` asks the provider for device memory (FI_HMEM), for
+    /// [`register_external`](Self::register_external) of device memory.
+    pub fn open_with(provider: Option<&str>, node: Option<&str>, hmem: bool) -> Result<RawEngine> {
+        let t = FabricTransport::open_rails(
+            provider,
+            &[node.map(String::from)],
+            &[0],
+            false,
+            rdmalane::backend::trust_local_peers_env(),
+            hmem,
+        )?;
+        Self::on(Box::new(t))
     }
 
     /// Drive an already open transport of any backend (e.g. `rdmalane-verbs`).
@@ -79,7 +95,38 @@ impl RawEngine {
                 return Err(Error::Transport { op: OpKind::Register, peer: "-".into(), source: e });
             }
         };
-        self.mems.push(RawMem { ptr, layout, mr });
+        self.mems.push(RawMem { ptr, layout, mr, owned: true });
+        Ok(self.mems.len() - 1)
+    }
+
+    /// Register `len` bytes at `ptr` that the caller owns (device memory where `device` says,
+    /// through the transport's own device registration); returns the buffer's index.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until the engine is dropped, and nobody else may write
+    /// it while a request the engine posted on it is in flight.
+    pub unsafe fn register_external(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        device: Option<DeviceMem>,
+    ) -> Result<usize> {
+        // SAFETY: the caller keeps the memory for the engine's life (see above).
+        let mr = unsafe {
+            match device {
+                Some(d) => self.t.register_device(ptr, len, access, d),
+                None => self.t.register(ptr, len, access),
+            }
+        }
+        .map_err(|e| Error::Transport { op: OpKind::Register, peer: "-".into(), source: e })?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| Error::invalid(OpKind::Register, "a null buffer"))?;
+        self.mems.push(RawMem {
+            ptr,
+            layout: Layout::from_size_align(len.max(1), 1).expect("len"),
+            mr,
+            owned: false,
+        });
         Ok(self.mems.len() - 1)
     }
 
@@ -89,9 +136,13 @@ impl RawEngine {
         (m.mr.remote_base, m.mr.key)
     }
 
-    /// The bytes of buffer `mem`.
+    /// The bytes of buffer `mem` (empty for memory registered by the caller, which may be
+    /// device memory).
     pub fn bytes(&mut self, mem: usize) -> &mut [u8] {
         let m = &self.mems[mem];
+        if !m.owned {
+            return &mut [];
+        }
         // SAFETY: owned, initialised memory; `&mut self` excludes other access from Rust. A
         // NIC may write it concurrently only if the caller posted a receive into it, as with any
         // device-shared memory.
@@ -102,7 +153,7 @@ impl RawEngine {
     /// peer writes, as perftest's write latency test does); `None` out of range.
     pub fn peek(&self, mem: usize, i: usize) -> Option<u8> {
         let m = self.mems.get(mem)?;
-        if i >= m.layout.size() {
+        if i >= m.layout.size() || !m.owned {
             return None;
         }
         // SAFETY: in bounds of memory the engine owns; a volatile read of a byte a device may
@@ -177,6 +228,9 @@ fn bad(why: &str) -> PostError {
 
 impl Drop for RawMem {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: allocated in `alloc` with this layout; the engine's transport (declared
         // before `mems`) has already closed, so no registration or DMA refers to it.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };

@@ -143,6 +143,16 @@ impl CudaBuf {
         check(OpKind::Copy, "cuMemcpyDtoH", r)
     }
 
+    /// Copy all of `src` (device memory, the same device or another) to the start of this
+    /// buffer, device to device (waits for the copy).
+    pub fn copy_from_device(&mut self, src: &CudaBuf) -> Result<()> {
+        self.check_range(0, src.len)?;
+        self.reg.ctx.bind(OpKind::Copy)?;
+        // SAFETY: both ranges lie inside live allocations (checked above for ours).
+        let r = unsafe { cudarc::driver::sys::cuMemcpyDtoD_v2(self.ptr, src.ptr, src.len) };
+        check(OpKind::Copy, "cuMemcpyDtoD", r)
+    }
+
     /// The whole buffer copied to the host.
     pub fn to_vec(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.len];
