@@ -1,13 +1,16 @@
 //! Device memory for `bw` and `pages` (`--memory cuda`, the `cuda` feature): buffers, and the
 //! baselines measured beside them in the same run: `cudaMemcpy` device to device at the same
 //! footprint, and the staging path's own ceiling, the pinned copies between device and host.
+#[cfg(feature = "cuda")]
 use std::time::Instant;
 
+#[cfg(feature = "cuda")]
 use rdmalane::{Access, DevicePath, DevicePolicy, Memory, Runtime};
 
 use crate::conn::BoxErr;
 
 /// The device the benchmarks use.
+#[cfg(feature = "cuda")]
 pub const DEVICE: u32 = 0;
 
 /// `len` bytes of device memory registered with `rt`.
@@ -17,6 +20,7 @@ pub fn buffer(rt: &Runtime, len: usize) -> Result<rdmalane::CudaBuf, BoxErr> {
 }
 
 /// The path device memory takes on `rt`, as a word for the report.
+#[cfg(feature = "cuda")]
 pub fn path(rt: &Runtime) -> String {
     match rt.device_path(Memory::Cuda { device: DEVICE }) {
         Ok(DevicePath::Native(_)) => "native".into(),

@@ -7,9 +7,9 @@ use std::time::Instant;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use rdmalane::{Access, Pieces};
+use rdmalane::{Access, IoBuf, Pieces};
 
-use crate::cli::PagesArgs;
+use crate::cli::{MemoryArg, PagesArgs};
 use crate::conn::{build_rt_with, serve_each, BoxErr, CpuMeter, RtConn, RtServer};
 use crate::report::{print, Progress, Val};
 
@@ -43,6 +43,10 @@ pub fn run(p: &PagesArgs) -> Result<(), BoxErr> {
     let bytes = (pages * p.page_size) as f64;
     let gbps = bytes * 8.0 / secs.0 / 1e9;
     let memcpy = memcpy_gbps(p.page_size, pool_pages(p) * p.page_size);
+    let device = match a.memory {
+        MemoryArg::Host => Vec::new(),
+        MemoryArg::Cuda => device_baselines(p, gbps)?,
+    };
     print(
         a.json,
         &format!(
@@ -63,9 +67,35 @@ pub fn run(p: &PagesArgs) -> Result<(), BoxErr> {
             ("of_memcpy", Val::F(gbps / memcpy)),
             ("cpu_pct", Val::F(secs.2)),
             ("server_cpu_pct", Val::F(server_cpu.unwrap_or(f64::NAN))),
-        ],
+            ("memory", Val::S(format!("{:?}", a.memory).to_lowercase())),
+        ]
+        .into_iter()
+        .chain(device)
+        .collect::<Vec<_>>(),
     );
     Ok(())
+}
+
+/// Beside pages of device memory: the path, cudaMemcpy device to device of the whole pool
+/// (the same footprint) and the pinned copies that bound the staging path.
+#[cfg(feature = "cuda")]
+fn device_baselines(p: &PagesArgs, gbps: f64) -> Result<Vec<(&'static str, Val)>, BoxErr> {
+    let rt = runtime(p)?;
+    let len = pool_pages(p) * p.page_size;
+    let d2d = crate::gpu::d2d_gbps(&rt, len)?;
+    let (d2h, h2d) = crate::gpu::pinned_gbps(&p.common.provider, len)?;
+    Ok(vec![
+        ("path", Val::S(crate::gpu::path(&rt))),
+        ("d2d_gbps", Val::F(d2d)),
+        ("of_d2d", Val::F(gbps / d2d)),
+        ("pinned_d2h_gbps", Val::F(d2h)),
+        ("pinned_h2d_gbps", Val::F(h2d)),
+    ])
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_baselines(_: &PagesArgs, _: f64) -> Result<Vec<(&'static str, Val)>, BoxErr> {
+    Err(crate::gpu::unavailable())
 }
 
 fn server_args(p: &PagesArgs) -> Vec<String> {
@@ -105,9 +135,20 @@ fn server(p: &PagesArgs, pages: usize) -> Result<(), BoxErr> {
 }
 
 fn serve_one(p: &PagesArgs, pages: usize, c: &RtConn) -> Result<f64, BoxErr> {
+    let len = pool_pages(p) * p.page_size;
+    match p.common.memory {
+        MemoryArg::Host => serve_on(p, pages, c, c.rt.alloc(len)?),
+        #[cfg(feature = "cuda")]
+        MemoryArg::Cuda => serve_on(p, pages, c, crate::gpu::buffer(&c.rt, len)?),
+        #[cfg(not(feature = "cuda"))]
+        MemoryArg::Cuda => Err(crate::gpu::unavailable()),
+    }
+}
+
+fn serve_on<B: IoBuf>(p: &PagesArgs, pages: usize, c: &RtConn, buf: B) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
-        let target = rt.expose(rt.alloc(pool_pages(p) * p.page_size)?, Access::WRITE)?;
+        let target = rt.expose(buf, Access::WRITE)?;
         let done = ep.recv(rt.alloc(8)?).start();
         let cpu = CpuMeter::start();
         ep.send_descriptor(&target.descriptor()).await?;
@@ -123,6 +164,23 @@ fn serve_one(p: &PagesArgs, pages: usize, c: &RtConn) -> Result<f64, BoxErr> {
 /// Returns (seconds, provider, client CPU %).
 fn client(p: &PagesArgs, addr: &str, pages: usize, batches: usize) -> Result<(f64, String, f64), BoxErr> {
     let c = RtConn::client_on(runtime(p)?, addr)?;
+    let len = pool_pages(p) * p.page_size;
+    match p.common.memory {
+        MemoryArg::Host => client_on(p, &c, pages, batches, c.rt.alloc(len)?),
+        #[cfg(feature = "cuda")]
+        MemoryArg::Cuda => client_on(p, &c, pages, batches, crate::gpu::buffer(&c.rt, len)?),
+        #[cfg(not(feature = "cuda"))]
+        MemoryArg::Cuda => Err(crate::gpu::unavailable()),
+    }
+}
+
+fn client_on<B: IoBuf + Sync>(
+    p: &PagesArgs,
+    c: &RtConn,
+    pages: usize,
+    batches: usize,
+    source: B,
+) -> Result<(f64, String, f64), BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     let pool = pool_pages(p);
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -141,7 +199,7 @@ fn client(p: &PagesArgs, addr: &str, pages: usize, batches: usize) -> Result<(f6
     rt.block_on(async {
         let remote = ep.recv_descriptor().await?;
         // One source pool all batches read from, as a KV cache is one region.
-        let source = std::sync::Arc::new(rt.alloc(pool * p.page_size)?);
+        let source = std::sync::Arc::new(source);
         let mut free = vec![source; p.common.window];
         let mut inflight = FuturesUnordered::new();
         let (mut issued, mut done, mut sent, mut moved) = (0usize, 0usize, 0usize, 0u64);

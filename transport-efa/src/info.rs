@@ -77,10 +77,6 @@ pub(crate) fn getinfo(
             h.caps |= ffi::FI_RMA_EVENT;
         }
         (*h.fabric_attr).prov_name = libc::strdup(prov_c.as_ptr());
-        if hmem {
-            h.caps |= ffi::FI_HMEM;
-            (*h.domain_attr).mr_mode |= ffi::FI_MR_HMEM as i32;
-        }
     }
     let node_c = node.map(|n| CString::new(n).map_err(|_| -(ffi::FI_EINVAL as i32))).transpose()?;
     let (node_p, flags) = match &node_c {
@@ -88,27 +84,38 @@ pub(crate) fn getinfo(
         None => (ptr::null(), 0),
     };
     let mut out: *mut ffi::fi_info = ptr::null_mut();
-    // SAFETY: valid hints, out-pointer, and C strings that outlive the call.
-    let mut ret = unsafe { ffi::fi_getinfo(API_VERSION, node_p, ptr::null(), flags, hints.0, &mut out) };
-    if ret == -(ffi::FI_ENODATA as i32) && hmem {
-        // No device memory here (a libfabric built without CUDA, a provider without FI_HMEM):
-        // the provider as it is; the runtime stages device memory or refuses it.
-        tracing::debug!(provider = prov, "no FI_HMEM: device memory cannot be registered natively");
-        // SAFETY: hints is valid; clearing the bits set above.
-        unsafe {
-            (*hints.0).caps &= !ffi::FI_HMEM;
-            (*(*hints.0).domain_attr).mr_mode &= !(ffi::FI_MR_HMEM as i32);
+    // SAFETY: hints is valid; reading its caps.
+    let rma_event = unsafe { (*hints.0).caps } & ffi::FI_RMA_EVENT != 0;
+    // Device memory first, with the served-ops counter and without it (a provider without the
+    // counter still checks; its idle reactor then naps between ops); then the same without
+    // device memory (a libfabric built without CUDA, a provider without FI_HMEM: the runtime
+    // stages device memory or refuses it).
+    let mut ret = -(ffi::FI_ENODATA as i32);
+    for (with_hmem, with_rma_event) in [(true, true), (true, false), (false, true), (false, false)] {
+        if (with_hmem && !hmem) || (with_rma_event && !rma_event) {
+            continue;
         }
-        // SAFETY: as above.
+        // SAFETY: hints and its domain attributes are valid; setting and clearing our bits.
+        unsafe {
+            let h = &mut *hints.0;
+            h.caps &= !(ffi::FI_HMEM | ffi::FI_RMA_EVENT);
+            (*h.domain_attr).mr_mode &= !(ffi::FI_MR_HMEM as i32);
+            if with_hmem {
+                h.caps |= ffi::FI_HMEM;
+                (*h.domain_attr).mr_mode |= ffi::FI_MR_HMEM as i32;
+            }
+            if with_rma_event {
+                h.caps |= ffi::FI_RMA_EVENT;
+            }
+        }
+        // SAFETY: valid hints, out-pointer, and C strings that outlive the call.
         ret = unsafe { ffi::fi_getinfo(API_VERSION, node_p, ptr::null(), flags, hints.0, &mut out) };
-    }
-    // SAFETY: hints is valid; reading and clearing a bit of its caps.
-    if ret == -(ffi::FI_ENODATA as i32) && unsafe { (*hints.0).caps } & ffi::FI_RMA_EVENT != 0 {
-        // A provider without the counter still checks; its idle reactor then naps between ops.
-        // SAFETY: hints is valid; clearing a bit of its caps.
-        unsafe { (*hints.0).caps &= !ffi::FI_RMA_EVENT };
-        // SAFETY: as above.
-        ret = unsafe { ffi::fi_getinfo(API_VERSION, node_p, ptr::null(), flags, hints.0, &mut out) };
+        if ret != -(ffi::FI_ENODATA as i32) {
+            break;
+        }
+        if with_hmem && !with_rma_event {
+            tracing::debug!(provider = prov, "no FI_HMEM: device memory cannot be registered natively");
+        }
     }
     if ret != 0 {
         return Err(ret);

@@ -219,6 +219,7 @@ impl StagePlan {
     }
 
     /// Copies running now.
+    #[cfg(test)]
     pub(crate) fn copies_running(&self) -> usize {
         self.copy_state.iter().filter(|&&s| s == State::Running).count()
     }

@@ -34,6 +34,7 @@ pub(crate) trait MirrorCopies: Send + Sync {
     /// Whether copy `t` has finished (each ticket reports `true` once, then is forgotten).
     fn done(&self, t: CopyTicket) -> Result<bool>;
     /// Wait for every copy started so far (before the device memory may be freed).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn drain(&self) -> Result<()>;
 }
 
@@ -66,6 +67,8 @@ unsafe impl Send for Mirror {}
 // SAFETY: as above; shared references only hand out addresses.
 unsafe impl Sync for Mirror {}
 
+// Made by the device buffers (the `cuda` and `emulated-device` features).
+#[cfg_attr(not(any(feature = "cuda", feature = "emulated-device")), allow(dead_code))]
 impl Mirror {
     /// Allocate `len` zeroed bytes and register them with `rt`.
     pub(crate) fn alloc(rt: &Runtime, len: usize) -> Result<Mirror> {

@@ -22,7 +22,6 @@ use crate::runtime::Runtime;
 mod staged;
 
 use staged::StagedOp;
-pub(crate) use staged::STAGE_CHUNK;
 
 /// Kept small (an op moves by value through the caller's futures, and up to 128 bytes moves
 /// without a call to `memcpy`): the request's memory and cell are added when it is submitted,

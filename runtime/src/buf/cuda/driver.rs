@@ -116,7 +116,6 @@ impl Context {
 /// which may be the reactor's, after the memory's deregistration).
 pub(crate) struct DeviceAlloc {
     pub(crate) ptr: sys::CUdeviceptr,
-    pub(crate) len: usize,
     pub(crate) ctx: Arc<Context>,
 }
 
@@ -127,7 +126,7 @@ impl DeviceAlloc {
         let mut ptr = 0;
         // SAFETY: an out-pointer to a local; the context is current.
         check(OpKind::Register, "cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len) })?;
-        let a = DeviceAlloc { ptr, len, ctx };
+        let a = DeviceAlloc { ptr, ctx };
         // SAFETY: `len` bytes at `ptr` were just allocated.
         check(OpKind::Register, "cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, len) })?;
         Ok(a)
