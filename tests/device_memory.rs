@@ -37,7 +37,8 @@ fn host_and_device_memory_move_byte_exact_in_every_direction() {
 /// memory of kind `S` here; then again on a second connection after a drop storm.
 async fn across_processes<S: TestBuf>(p: &str, kind: &str) {
     // A prebuilt test binary carried elsewhere (the GPU machine) names its peer's path.
-    let peer = std::env::var("RDMALANE_DEVICE_PEER").unwrap_or_else(|_| env!("CARGO_BIN_EXE_device_peer").into());
+    let peer =
+        std::env::var("RDMALANE_DEVICE_PEER").unwrap_or_else(|_| env!("CARGO_BIN_EXE_device_peer").into());
     let (child, _out, addr) = spawn_listening({
         let mut c = Command::new(&peer);
         c.args([p, kind]);

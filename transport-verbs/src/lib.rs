@@ -20,6 +20,7 @@
 //! `RDMALANE_VERBS_DEVICE`; the port with `RDMALANE_IB_PORT` (1); on Ethernet (RoCE) the GID
 //! index with `RDMALANE_GID_INDEX`, by default the first RoCE v2 IPv4 GID the port lists.
 mod device;
+mod gpu;
 mod lane;
 mod status;
 pub mod transport;

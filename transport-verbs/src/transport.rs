@@ -111,7 +111,7 @@ impl VerbsTransport {
                 silent_refusals: false,
                 rails: 1,
                 rail_numa: vec![rdmalane::backend::device_numa_node(&dev.name)],
-                device: rdmalane::backend::DeviceRegistration::None,
+                device: crate::gpu::registration(),
             },
             qp_caps: QpCaps { send_wr: depth, recv_wr: depth, sge, inline: INLINE_WANTED, rd_atom },
             pending: Vec::with_capacity(POST_LIST),
@@ -472,6 +472,52 @@ impl Transport for VerbsTransport {
                 rdma_sys::ibv_destroy_cq(l.cq);
             }
         }
+    }
+
+    unsafe fn register_device(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        mem: rdmalane::backend::DeviceMem,
+    ) -> Result<MemoryRegion, TransportError> {
+        let rdmalane::backend::DeviceRegistration::Verbs { dmabuf, peermem } = self.caps.device else {
+            return Err(self.err("register_device: no device registration", 0));
+        };
+        let mut flags = rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        if access.remote_read {
+            flags |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        }
+        if access.remote_write {
+            flags |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        let mut mr = ptr::null_mut();
+        if let (true, Some(d)) = (dmabuf, mem.dmabuf) {
+            // SAFETY: the caller keeps the device memory, and the dma-buf fd, until deregister;
+            // the iova is the device address ops name.
+            mr = unsafe {
+                crate::gpu::ibv_reg_dmabuf_mr(self.pd, d.offset, len, ptr as u64, d.fd, flags as i32)
+            };
+        }
+        if mr.is_null() && peermem {
+            // SAFETY: as `register`; nvidia-peermem resolves the device address's pages.
+            mr = unsafe { rdma_sys::ibv_reg_mr(self.pd, ptr as *mut _, len, flags as i32) };
+        }
+        if mr.is_null() {
+            return Err(
+                self.err("ibv_reg_dmabuf_mr / ibv_reg_mr of device memory (dma-buf or nvidia-peermem)", 0)
+            );
+        }
+        // SAFETY: mr is a valid registration.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        let id = self.mrs.insert(mr) as u64;
+        Ok(MemoryRegion {
+            id,
+            desc: lkey as usize,
+            key: rkey as u64,
+            rail_keys: Vec::new(),
+            remote_base: ptr as u64,
+        })
     }
 
     unsafe fn register(

@@ -94,7 +94,8 @@ impl StagePlan {
 
     /// One transfer of `len` bytes (a send, a receive) with one copy of it.
     pub(crate) fn whole(flow: Flow, len: usize) -> StagePlan {
-        let mut p = StagePlan::new(flow, vec![0..len], vec![0..len], vec![0..1], vec![0], false);
+        let one = || std::iter::once(0..len).collect::<Vec<_>>();
+        let mut p = StagePlan::new(flow, one(), one(), std::iter::once(0..1).collect(), vec![0], false);
         p.short_ok = true;
         p
     }
@@ -103,7 +104,8 @@ impl StagePlan {
     /// ranges `locals`: a copy of each range, all before (out) or after (in) the transfer.
     pub(crate) fn batch(flow: Flow, len: usize, locals: Vec<Range<usize>>) -> StagePlan {
         let n = locals.len();
-        StagePlan::new(flow, locals, vec![0..len], vec![0..n], vec![0; n], false)
+        let whole = std::iter::once(0..len).collect();
+        StagePlan::new(flow, locals, whole, std::iter::once(0..n).collect(), vec![0; n], false)
     }
 
     fn new(

@@ -320,6 +320,12 @@ impl Runtime {
         })
     }
 
+    /// Which path device memory may take.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn device_policy(&self) -> crate::base::memory::DevicePolicy {
+        self.inner.device_memory
+    }
+
     /// Count a device buffer registered on `path` (see [`Stats`]).
     pub(crate) fn count_device_buffer(&self, path: DevicePath) {
         let c = &self.inner.counters[0];

@@ -18,7 +18,7 @@ use driver::{check, Context, DeviceAlloc};
 use super::staging::{Mirror, StagedView, Staging};
 use super::{IoBuf, IoBufMut, Slice};
 use crate::base::error::{Error, OpKind, Result};
-use crate::base::memory::{DeviceMem, DevicePath, DmaBuf, Memory};
+use crate::base::memory::{DeviceMem, DevicePath, DevicePolicy, DmaBuf, Memory};
 use crate::base::transport::{Access, LocalSeg, MemoryRegion};
 use crate::runtime::Runtime;
 
@@ -62,23 +62,29 @@ impl CudaBuf {
             return Err(Error::invalid(OpKind::Register, "cannot allocate a zero-length device buffer"));
         }
         let memory = Memory::Cuda { device };
-        let path = rt.device_path(memory)?;
+        let mut path = rt.device_path(memory)?;
         let ctx = Context::get(device)?;
         let alloc = DeviceAlloc::new(ctx.clone(), len)?;
         let ptr = alloc.ptr;
-        let (desc, kind) = match path {
-            DevicePath::Native(_) => {
-                let dmabuf = driver::export_dmabuf(&ctx, ptr, len);
-                let d = dmabuf.as_ref().map(|fd| DmaBuf { fd: fd.as_raw_fd(), offset: 0 });
-                let mr = rt.register_memory(
-                    ptr as *mut u8,
-                    len,
-                    Access::LOCAL,
-                    Some(DeviceMem { memory, dmabuf: d }),
-                )?;
-                (mr.desc, Reg::Native { mr, alloc: Some(alloc), dmabuf })
+        let mut native = None;
+        if let DevicePath::Native(_) = path {
+            let dmabuf = driver::export_dmabuf(&ctx, ptr, len);
+            let d = dmabuf.as_ref().map(|fd| DmaBuf { fd: fd.as_raw_fd(), offset: 0 });
+            let dev = Some(DeviceMem { memory, dmabuf: d });
+            match rt.register_memory(ptr as *mut u8, len, Access::LOCAL, dev) {
+                Ok(mr) => native = Some((mr, dmabuf)),
+                // Auto: a transport that claims device registration but refuses this memory
+                // (verbs without peermem on a GPU without dma-buf) stages it, saying so.
+                Err(e) if rt.device_policy() == DevicePolicy::Auto => {
+                    tracing::warn!(error = %e, "device memory refused by the transport: staged instead");
+                    path = DevicePath::Staged;
+                }
+                Err(e) => return Err(e),
             }
-            DevicePath::Staged => {
+        }
+        let (desc, kind) = match native {
+            Some((mr, dmabuf)) => (mr.desc, Reg::Native { mr, alloc: Some(alloc), dmabuf }),
+            None => {
                 let mirror = Mirror::alloc(rt, len)?;
                 let copies = CudaCopies::new(ctx.clone(), ptr, mirror.ptr(), len)?;
                 let staging = Arc::new(Staging { copies: Box::new(copies), mirror });
