@@ -9,13 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 work=${RDMALANE_LF2_DIR:-/tmp/rdmalane-libfabric2}
-mkdir -p "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/deb" "$work/root"
+source scripts/lib/apt-mirror.sh
+mkdir -p "$work/deb" "$work/root"
 chmod a+rwx "$work/deb"   # apt downloads as _apt
-cat >"$work/apt/sources.list" <<SRC
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main
-SRC
-opts=(-o Dir::Etc::SourceList="$work/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
-  -o Dir::State::Lists="$work/apt/lists" -o Dir::Cache="$work/apt/cache" -o APT::Get::List-Cleanup=0)
+# The archive as this system's own apt sources name it: no mirror is written here.
+apt_private "$work" "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $(apt_mirror) trixie main"
+opts=("${apt_opts[@]}")
 apt-get "${opts[@]}" update -qq >/dev/null
 (cd "$work/deb" && apt-get "${opts[@]}" download -q libfabric-dev >/dev/null)
 deb=$(ls "$work"/deb/libfabric-dev_*.deb | head -1)

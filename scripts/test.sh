@@ -24,6 +24,12 @@ timeout 180 cargo run -q -p rdmalane-examples --example kv_pages -- --provider t
 ./scripts/test-verbs.sh
 # The libfabric backend also compiles against libfabric 2.x headers (Debian trixie's).
 ./scripts/check-libfabric2.sh
+# Device memory: the cuda feature builds (no CUDA toolkit needed: the driver loads at run
+# time), and with no GPU here a CUDA buffer is a typed error; the staging path's logic ran in
+# the suite above on the emulated device. On a GPU: scripts/test-gpu.sh (see the book's GPU
+# chapter).
+cargo test -p rdmalane-conformance --features cuda --test device_memory -- --test-threads=2
+cargo clippy -p rdmalane -p rdmalane-perf -p rdmalane-conformance --all-targets --features rdmalane/cuda,rdmalane-perf/cuda,rdmalane-conformance/cuda -- -D warnings
 # Fuzz the decoders a peer's bytes reach (handshake, descriptors, verbs lane addresses): a
 # bounded cargo-fuzz run of each target under AddressSanitizer.
 ./scripts/fuzz.sh

@@ -136,6 +136,7 @@ impl std::fmt::Debug for StagedView {
 }
 
 impl StagedView {
+    #[cfg_attr(not(any(feature = "cuda", feature = "emulated-device")), allow(dead_code))]
     pub(crate) fn new(staging: Arc<Staging>, off: usize, len: usize) -> StagedView {
         StagedView { staging, off, len }
     }

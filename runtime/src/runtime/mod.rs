@@ -327,6 +327,7 @@ impl Runtime {
     }
 
     /// Count a device buffer registered on `path` (see [`Stats`]).
+    #[cfg_attr(not(any(feature = "cuda", feature = "emulated-device")), allow(dead_code))]
     pub(crate) fn count_device_buffer(&self, path: DevicePath) {
         let c = &self.inner.counters[0];
         match path {
