@@ -18,7 +18,7 @@ use driver::{check, Context, DeviceAlloc};
 use super::staging::{Mirror, StagedView, Staging};
 use super::{IoBuf, IoBufMut, Slice};
 use crate::base::error::{Error, OpKind, Result};
-use crate::base::memory::{DeviceMem, DevicePath, DevicePolicy, DmaBuf, Memory};
+use crate::base::memory::{DeviceMem, DevicePath, DevicePolicy, DeviceRegistration, DmaBuf, Memory};
 use crate::base::transport::{Access, LocalSeg, MemoryRegion};
 use crate::runtime::Runtime;
 
@@ -67,8 +67,14 @@ impl CudaBuf {
         let alloc = DeviceAlloc::new(ctx.clone(), len)?;
         let ptr = alloc.ptr;
         let mut native = None;
-        if let DevicePath::Native(_) = path {
-            let dmabuf = driver::export_dmabuf(&ctx, ptr, len);
+        if let DevicePath::Native(reg) = path {
+            // A dma-buf export only where the transport registers by one.
+            let by_dmabuf = matches!(
+                reg,
+                DeviceRegistration::FiHmem { dmabuf: true, .. }
+                    | DeviceRegistration::Verbs { dmabuf: true, .. }
+            );
+            let dmabuf = if by_dmabuf { driver::export_dmabuf(&ctx, ptr, len) } else { None };
             let d = dmabuf.as_ref().map(|fd| DmaBuf { fd: fd.as_raw_fd(), offset: 0 });
             let dev = Some(DeviceMem { memory, dmabuf: d });
             match rt.register_memory(ptr as *mut u8, len, Access::LOCAL, dev) {
