@@ -63,7 +63,7 @@ run)
     echo "== $lib: libfabric $(ldd .gpu/rdmalane-perf | awk '/libfabric/{print $3}')" | tee -a "$out/tests.log"
     RDMALANE_GPU=1 RDMALANE_TEST_PROVIDERS=shm,tcp RDMALANE_DEVICE_PEER=.gpu/device_peer \
       timeout 400 .gpu/device_memory --test-threads=1 >>"$out/tests.log" 2>&1 || { fail=1; echo "FAILED: $lib tests" | tee -a "$out/tests.log"; }
-    tail -n 4 "$out/tests.log"
+    grep -E "^test |panicked at|^  left|^ right|FAILED|test result" "$out/tests.log" | tail -n 40
     for size in 1048576 67108864; do
       iters=$(( size > 1048576 ? 200 : 2000 ))
       bench "$lib-bw-cuda-$size" bw --provider shm --memory cuda --size "$size" --iters "$iters" --window 8
@@ -71,9 +71,18 @@ run)
       bench "$lib-bw-host-$size" bw --provider shm --size "$size" --iters "$iters" --window 8
     done
     bench "$lib-pages-cuda-64k" pages --provider shm --memory cuda --page-size 65536 --total 4294967296 --window 16
+    bench "$lib-pages-host-64k" pages --provider shm --page-size 65536 --total 4294967296 --window 16
+    if [ $lib = native ]; then
+      # Whole ops (fifo: no splitting) and one reactor (no express rail), beside the default.
+      RDMALANE_SCHEDULER=fifo bench "$lib-bw-cuda-fifo-67108864" bw --provider shm --memory cuda --size 67108864 --iters 200 --window 8
+      RDMALANE_SCHEDULER=fifo bench "$lib-bw-cuda-fifo-1048576" bw --provider shm --memory cuda --size 1048576 --iters 2000 --window 8
+      RDMALANE_EXPRESS=0 bench "$lib-bw-cuda-noexpress-1048576" bw --provider shm --memory cuda --size 1048576 --iters 2000 --window 8
+    fi
     [ $lib = native ] && bench "$lib-bw-cuda-raw-65536" bw --provider shm --memory cuda --engine raw --size 65536 --iters 20000 --window 16
     bench "$lib-bw-cuda-65536" bw --provider shm --memory cuda --size 65536 --iters 20000 --window 16
   done
+  # Everything in one file (the device tool brings back a few files only).
+  tar -C "$out" -czf /tmp/gpu-out.tgz --exclude=gpu-out.tgz . && mv /tmp/gpu-out.tgz "$out/gpu-out.tgz"
   exit $fail
   ;;
 *)

@@ -154,8 +154,10 @@ fn rt_client(c: &mut RtConn, a: &Common) -> Result<Outcome, BoxErr> {
         MemoryArg::Cuda => {
             let free =
                 (0..a.window).map(|_| crate::gpu::buffer(&c.rt, a.size)).collect::<Result<Vec<_>, _>>()?;
+            // The path the buffers took (a transport may refuse device memory it claims).
+            let path = crate::gpu::path_of(&free[0]);
             let mut o = rt_client_on(c, a, free)?;
-            o.path = Some(crate::gpu::path(&c.rt));
+            o.path = Some(path);
             Ok(o)
         }
         #[cfg(not(feature = "cuda"))]

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 #[cfg(feature = "cuda")]
-use rdmalane::{Access, DevicePath, DevicePolicy, Memory, Runtime};
+use rdmalane::{Access, DevicePath, DevicePolicy, Runtime};
 
 use crate::conn::BoxErr;
 
@@ -19,13 +19,13 @@ pub fn buffer(rt: &Runtime, len: usize) -> Result<rdmalane::CudaBuf, BoxErr> {
     Ok(rt.alloc_cuda(DEVICE, len)?)
 }
 
-/// The path device memory takes on `rt`, as a word for the report.
+
+/// The path buffer `b` took, as a word for the report.
 #[cfg(feature = "cuda")]
-pub fn path(rt: &Runtime) -> String {
-    match rt.device_path(Memory::Cuda { device: DEVICE }) {
-        Ok(DevicePath::Native(_)) => "native".into(),
-        Ok(DevicePath::Staged) => "staged".into(),
-        Err(e) => format!("refused ({e})"),
+pub fn path_of(b: &rdmalane::CudaBuf) -> String {
+    match b.path() {
+        DevicePath::Native(_) => "native".into(),
+        DevicePath::Staged => "staged".into(),
     }
 }
 

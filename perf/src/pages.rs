@@ -85,7 +85,7 @@ fn device_baselines(p: &PagesArgs, gbps: f64) -> Result<Vec<(&'static str, Val)>
     let d2d = crate::gpu::d2d_gbps(&rt, len)?;
     let (d2h, h2d) = crate::gpu::pinned_gbps(&p.common.provider, len)?;
     Ok(vec![
-        ("path", Val::S(crate::gpu::path(&rt))),
+        ("path", Val::S(crate::gpu::path_of(&crate::gpu::buffer(&rt, p.page_size)?))),
         ("d2d_gbps", Val::F(d2d)),
         ("of_d2d", Val::F(gbps / d2d)),
         ("pinned_d2h_gbps", Val::F(d2h)),

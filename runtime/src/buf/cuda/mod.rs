@@ -162,7 +162,10 @@ impl CudaBuf {
         self.reg.ctx.bind(OpKind::Copy)?;
         // SAFETY: both ranges lie inside live allocations (checked above for ours).
         let r = unsafe { cudarc::driver::sys::cuMemcpyDtoD_v2(self.ptr, src.ptr, src.len) };
-        check(OpKind::Copy, "cuMemcpyDtoD", r)
+        check(OpKind::Copy, "cuMemcpyDtoD", r)?;
+        // A device-to-device copy returns before it is done: wait for it, as documented.
+        // SAFETY: the context is current on this thread.
+        check(OpKind::Copy, "cuCtxSynchronize", unsafe { cudarc::driver::sys::cuCtxSynchronize() })
     }
 
     /// The whole buffer copied to the host.
