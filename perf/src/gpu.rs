@@ -19,7 +19,6 @@ pub fn buffer(rt: &Runtime, len: usize) -> Result<rdmalane::CudaBuf, BoxErr> {
     Ok(rt.alloc_cuda(DEVICE, len)?)
 }
 
-
 /// The path buffer `b` took, as a word for the report.
 #[cfg(feature = "cuda")]
 pub fn path_of(b: &rdmalane::CudaBuf) -> String {

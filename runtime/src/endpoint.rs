@@ -314,6 +314,7 @@ impl Endpoint {
             rail_keys,
             // A plain write's immediate value is raised once, by the piece that ends it.
             slots: (fan && !plain_imm).then(|| self.slots.clone()),
+            device: buf.memory().is_device() && buf.staging().is_none(),
         };
         // A device buffer on the staging path: its mirror moves, with copies around it.
         if let Some(view) = buf.staging() {

@@ -70,6 +70,10 @@ pub(crate) struct OpReq {
     /// runtime with several groups); `None` otherwise. Taken by the runtime before the op
     /// reaches a reactor.
     pub slots: Option<crate::reactor::cmd::Slots>,
+    /// The local memory is device memory the transport registered itself: the GPU's copy
+    /// engine or the NIC moves it, not the provider call, so the op goes whole where it fits
+    /// (a chunk costs a copy launch, and buys no room for small ops).
+    pub device: bool,
 }
 
 /// An op as its future holds it before submission: the request without its memory (the
@@ -85,13 +89,14 @@ pub(crate) struct Draft {
     pub batch: Option<Arc<Layout>>,
     pub rail_keys: Option<Arc<[u64]>>,
     pub slots: Option<crate::reactor::cmd::Slots>,
+    pub device: bool,
 }
 
 impl Draft {
     /// The request, over `seg` (the buffer's memory), completing `cell`.
     pub fn into_req(self, seg: LocalSeg, cell: Arc<OpCell>) -> OpReq {
-        let Draft { peer, peer_id, op, kind, tenant, class, batch, rail_keys, slots } = self;
-        OpReq { peer, peer_id, op, kind, seg, cell, tenant, class, batch, rail_keys, slots }
+        let Draft { peer, peer_id, op, kind, tenant, class, batch, rail_keys, slots, device } = self;
+        OpReq { peer, peer_id, op, kind, seg, cell, tenant, class, batch, rail_keys, slots, device }
     }
 }
 

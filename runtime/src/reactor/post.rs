@@ -193,7 +193,8 @@ impl Reactor {
         let max = self.sched.config().max_message;
         let tail = if imm && plain && len > max { max } else { 0 };
         let cuts = req.batch.as_ref().map(|b| b.cuts.clone());
-        let splittable = one_sided && (!imm || tail > 0);
+        // Device memory moves whole where it fits (see `OpReq::device`).
+        let splittable = one_sided && (!imm || tail > 0) && !(req.device && len <= max);
         let spec = OpSpec { tenant: req.tenant, class, len, lanes, splittable, cuts, tail };
         let id = self.sched.push(spec);
         if self.held.len() <= id.0 {

@@ -346,6 +346,7 @@ impl Rendezvous {
             batch: None,
             rail_keys: desc.rail_keys(),
             slots: None,
+            device: false,
         };
         self.pulling.insert(cell_key(&cell), Pulling { slot, token, _cell: cell });
         out.push(Action::Pull(Box::new(req)));

@@ -110,6 +110,7 @@ impl Rig {
             batch: None,
             rail_keys: None,
             slots: None,
+            device: false,
         };
         (req, cell)
     }

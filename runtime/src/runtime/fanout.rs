@@ -105,6 +105,7 @@ pub(crate) fn split(req: OpReq, slots: &[Option<PeerSlot>], weights: &[usize]) -
                 batch,
                 rail_keys: req.rail_keys.clone(),
                 slots: None,
+                device: req.device,
             };
             (g, part)
         })
