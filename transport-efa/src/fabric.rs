@@ -118,6 +118,17 @@ fn dmabuf_regattr(
     -(ffi::FI_EOPNOTSUPP as i32)
 }
 
+impl Mr {
+    /// Keep rail registration `mr` (open, valid), its key in `keys`.
+    fn push(&mut self, mr: *mut ffi::fid_mr, keys: &mut Vec<u64>) {
+        // SAFETY: mr is a valid, open registration.
+        let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
+        self.fids.push(mr);
+        self.descs.push(desc);
+        keys.push(key);
+    }
+}
+
 /// The libfabric transport: see the crate docs.
 pub struct FabricTransport {
     rails: Vec<Rail>,
@@ -448,6 +459,25 @@ impl FabricTransport {
         Ok((cq, None))
     }
 
+    /// Close the rails' registrations `m` made before one failed with `r` in `what`.
+    fn close_partial(&self, m: Mr, r: i32, what: &str) -> TransportError {
+        // SAFETY: closing the registrations of the rails before the failed one, once.
+        m.fids.iter().for_each(|&f| unsafe {
+            ffi::fi_close(&mut (*f).fid);
+        });
+        self.err(r, what)
+    }
+
+    /// The region a registration on every rail (`m`, their keys `keys`) of memory at `ptr` is.
+    fn region(&mut self, ptr: *mut u8, m: Mr, mut keys: Vec<u64>) -> MemoryRegion {
+        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 { ptr as u64 } else { 0 };
+        let single = m.descs[0];
+        let id = self.mrs.insert(m) as u64;
+        // One rail: the provider's descriptor itself. Several: a handle `post` resolves per lane.
+        let desc = if self.rails.len() == 1 { single } else { id as usize + 1 };
+        MemoryRegion { id, desc, key: keys[0], remote_base, rail_keys: keys.split_off(1) }
+    }
+
     fn err(&self, ret: impl Into<i64>, what: &str) -> TransportError {
         terr(&self.caps.provider, ret, what)
     }
@@ -691,25 +721,11 @@ impl Transport for FabricTransport {
                 }
             };
             if r != 0 {
-                // SAFETY: closing the registrations of the rails before this one, once.
-                m.fids.iter().for_each(|&f| unsafe {
-                    ffi::fi_close(&mut (*f).fid);
-                });
-                return Err(self.err(r, "fi_mr_reg"));
+                return Err(self.close_partial(m, r, "fi_mr_reg"));
             }
-            // SAFETY: mr is a valid, open registration.
-            let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
-            m.fids.push(mr);
-            m.descs.push(desc);
-            keys.push(key);
+            m.push(mr, &mut keys);
         }
-        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 { ptr as u64 } else { 0 };
-        let single = m.descs[0];
-        let id = self.mrs.insert(m) as u64;
-        // One rail: the provider's descriptor itself. Several: a handle `post` resolves per lane.
-        let desc = if self.rails.len() == 1 { single } else { id as usize + 1 };
-        let key = keys[0];
-        Ok(MemoryRegion { id, desc, key, remote_base, rail_keys: keys.split_off(1) })
+        Ok(self.region(ptr, m, keys))
     }
 
     unsafe fn register_device(
@@ -772,24 +788,11 @@ impl Transport for FabricTransport {
                 }
             }
             if r != 0 {
-                // SAFETY: closing the registrations of the rails before this one, once.
-                m.fids.iter().for_each(|&f| unsafe {
-                    ffi::fi_close(&mut (*f).fid);
-                });
-                return Err(self.err(r, "fi_mr_regattr(FI_HMEM_CUDA)"));
+                return Err(self.close_partial(m, r, "fi_mr_regattr(FI_HMEM_CUDA)"));
             }
-            // SAFETY: mr is a valid, open registration.
-            let (key, desc) = unsafe { (ffi::fi_mr_key(mr), ffi::fi_mr_desc(mr) as usize) };
-            m.fids.push(mr);
-            m.descs.push(desc);
-            keys.push(key);
+            m.push(mr, &mut keys);
         }
-        let remote_base = if self.mr_mode & ffi::FI_MR_VIRT_ADDR != 0 { ptr as u64 } else { 0 };
-        let single = m.descs[0];
-        let id = self.mrs.insert(m) as u64;
-        let desc = if self.rails.len() == 1 { single } else { id as usize + 1 };
-        let key = keys[0];
-        Ok(MemoryRegion { id, desc, key, remote_base, rail_keys: keys.split_off(1) })
+        Ok(self.region(ptr, m, keys))
     }
 
     fn deregister(&mut self, id: u64) -> Result<(), TransportError> {
