@@ -484,13 +484,7 @@ impl Transport for VerbsTransport {
         let rdmalane::backend::DeviceRegistration::Verbs { dmabuf, peermem } = self.caps.device else {
             return Err(self.err("register_device: no device registration", 0));
         };
-        let mut flags = rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        if access.remote_read {
-            flags |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
-        }
-        if access.remote_write {
-            flags |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-        }
+        let flags = access_flags(access);
         let mut mr = ptr::null_mut();
         if let (true, Some(d)) = (dmabuf, mem.dmabuf) {
             // SAFETY: the caller keeps the device memory, and the dma-buf fd, until deregister;
@@ -526,14 +520,7 @@ impl Transport for VerbsTransport {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion, TransportError> {
-        // Local write always: reads and receives land in registered memory.
-        let mut flags = rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        if access.remote_read {
-            flags |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
-        }
-        if access.remote_write {
-            flags |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-        }
+        let flags = access_flags(access);
         // SAFETY: the caller keeps [ptr, ptr+len) allocated until deregister.
         let mr = unsafe { rdma_sys::ibv_reg_mr(self.pd, ptr as *mut _, len, flags as i32) };
         if mr.is_null() {
@@ -784,4 +771,17 @@ impl Drop for VerbsTransport {
             }
         }
     }
+}
+
+/// The verbs access flags of a registration granting `access` (local write always: reads and
+/// receives land in registered memory).
+fn access_flags(access: Access) -> u32 {
+    let mut flags = rdma_sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    if access.remote_read {
+        flags |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    }
+    if access.remote_write {
+        flags |= rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    flags
 }
