@@ -20,6 +20,14 @@ use crate::spacing::{self, Spacing};
 use crate::util::{classify, fi_error, terr};
 use rdmalane_wake::EventFd;
 
+/// A completion a peer's write raised here, not one of our ops': flagged FI_REMOTE_WRITE, or,
+/// as shm 2.x reports a write with remote CQ data, FI_REMOTE_CQ_DATA on an entry that is no
+/// receive (its context is the initiator's, not one of ours: it must not be read as a `Ctx`).
+fn is_remote_write(flags: u64) -> bool {
+    flags & ffi::FI_REMOTE_WRITE as u64 != 0
+        || (flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0 && flags & ffi::FI_RECV as u64 == 0)
+}
+
 /// Completion entries read per `fi_cq_read`.
 const CQ_BATCH: usize = 64;
 /// A registration the provider does not need (local memory where FI_MR_LOCAL is off).
@@ -516,7 +524,7 @@ impl FabricTransport {
             found |= r > 0 || r == -(ffi::FI_EAVAIL as isize);
             if r > 0 {
                 for e in &entries[..r as usize] {
-                    if e.flags & ffi::FI_REMOTE_WRITE as u64 != 0 {
+                    if is_remote_write(e.flags) {
                         if e.flags & ffi::FI_REMOTE_CQ_DATA as u64 != 0 {
                             out.push(Completion::RemoteWrite { imm: e.data, len: e.len });
                         }
