@@ -70,8 +70,8 @@ run)
       [ $lib = native ] && bench "$lib-bw-cuda-raw-$size" bw --provider shm --memory cuda --engine raw --size "$size" --iters "$iters" --window 8
       bench "$lib-bw-host-$size" bw --provider shm --size "$size" --iters "$iters" --window 8
     done
-    bench "$lib-pages-cuda-64k" pages --provider shm --memory cuda --page-size 65536 --total 4294967296 --window 16
-    bench "$lib-pages-host-64k" pages --provider shm --page-size 65536 --total 4294967296 --window 16
+    bench "$lib-pages-cuda-64k" pages --provider shm --memory cuda --page-size 65536 --total 4294967296 --window 16 --imm
+    bench "$lib-pages-host-64k" pages --provider shm --page-size 65536 --total 4294967296 --window 16 --imm
     if [ $lib = native ]; then
       # Whole ops (fifo: no splitting) and one reactor (no express rail), beside the default.
       RDMALANE_SCHEDULER=fifo bench "$lib-bw-cuda-fifo-67108864" bw --provider shm --memory cuda --size 67108864 --iters 200 --window 8

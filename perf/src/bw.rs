@@ -1,5 +1,8 @@
 //! `bw`: one-sided write bandwidth; the client keeps `--window` writes of `--size` bytes in
-//! flight into a buffer the server exposed.
+//! flight into a buffer the server exposed. The clock stops when the server has seen every
+//! write land (each carries an immediate value, raised there once its bytes are visible), not
+//! at the client's last completion: on shm's CUDA IPC path a write completes at the initiator
+//! before the target's copy of it is done.
 use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -9,6 +12,9 @@ use rdmalane::IoBuf;
 use crate::cli::{Common, Engine, MemoryArg};
 use crate::conn::{serve_each, with_server, BoxErr, CpuMeter, RawConn, RtConn};
 use crate::report::{print, Progress, Val};
+
+/// The immediate value every measured write carries.
+const TAG: u64 = 0xb3;
 
 struct Outcome {
     provider: String,
@@ -134,11 +140,14 @@ fn rt_server(c: &mut RtConn, a: &Common) -> Result<f64, BoxErr> {
 fn rt_server_on<B: IoBuf>(c: &mut RtConn, buf: B) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
+        let total = ep.recv(rt.alloc(8)?).await;
+        let (n, b) = total;
+        let total = u64::from_le_bytes(b[..n?].try_into()?) as usize;
         let target = rt.expose(buf, Access::WRITE)?;
-        let done = ep.recv(rt.alloc(8)?).start();
         let cpu = CpuMeter::start();
         ep.send_descriptor(&target.descriptor()).await?;
-        let (r, _) = done.await;
+        rt.wait_imm(TAG, total).await;
+        let (r, _) = ep.send(rt.alloc(8)?).await;
         r?;
         Ok(cpu.pct())
     })
@@ -170,14 +179,18 @@ fn rt_client_on<B: IoBuf>(c: &mut RtConn, a: &Common, mut free: Vec<B>) -> Resul
     let total = a.warmup + a.iters;
     let mut progress = Progress::new(!a.json, total);
     rt.block_on(async {
+        let mut count = rt.alloc(8)?;
+        count[..].copy_from_slice(&(total as u64).to_le_bytes());
+        ep.send(count).await.0?;
         let remote = ep.recv_descriptor().await?;
+        let seen = ep.recv(rt.alloc(8)?).start();
         let mut inflight = FuturesUnordered::new();
         let (mut issued, mut done) = (0, 0);
         let mut started = None;
         let mut cpu = CpuMeter::start();
         while done < total {
             while issued < total && !free.is_empty() {
-                inflight.push(ep.write_remote(free.pop().expect("non-empty"), &remote));
+                inflight.push(ep.write_with_imm(free.pop().expect("non-empty"), &remote, TAG));
                 issued += 1;
             }
             let (r, buf) = inflight.next().await.expect("writes in flight");
@@ -190,11 +203,11 @@ fn rt_client_on<B: IoBuf>(c: &mut RtConn, a: &Common, mut free: Vec<B>) -> Resul
             }
             progress.tick(done);
         }
+        // Every write is visible at the server once it says so.
+        seen.await.0?;
         let secs = started.map_or(0.0, |s| s.elapsed().as_secs_f64());
         let cpu_pct = cpu.pct();
         progress.done();
-        let (r, _) = ep.send(rt.alloc(8)?).await;
-        r?;
         Ok(Outcome { provider: rt.provider().to_string(), secs, cpu_pct, path: None })
     })
 }
@@ -265,26 +278,24 @@ fn raw_server(c: &mut RawConn, a: &Common) -> Result<f64, BoxErr> {
     let (addr, key) = c.eng.remote(target);
     c.put(addr)?;
     c.put(key)?;
+    let total = c.get()?;
     let cpu = CpuMeter::start();
-    // Manual progress: the target drives its CQ while the writes land.
+    // Manual progress: the target drives its CQ while the writes land, and counts them.
     let mut comps = Vec::new();
-    c.ctl.set_nonblocking(true)?;
-    loop {
+    let mut seen = 0;
+    while seen < total {
         comps.clear();
         c.eng.poll(&mut comps, 16);
-        let mut b = [0u8; 8];
-        match std::io::Read::read(&mut c.ctl, &mut b) {
-            Ok(_) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e.into()),
-        }
+        seen += comps.iter().filter(|c| matches!(c, Completion::RemoteWrite { imm: TAG, .. })).count() as u64;
     }
+    c.put(seen)?;
     Ok(cpu.pct())
 }
 
 fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
     let (addr, key) = (c.get()?, c.get()?);
     let total = a.warmup + a.iters;
+    c.put(total as u64)?;
     let (mems, _keep) = raw_buffers(c, a, a.window, a.size, Access::LOCAL)?;
     let mut free: Vec<usize> = (0..a.window).collect();
     let mut comps = Vec::with_capacity(64);
@@ -295,7 +306,7 @@ fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
     while done < total {
         while issued < total && !free.is_empty() {
             let slot = *free.last().expect("non-empty");
-            let kind = WrKind::Write { remote_addr: addr, key, imm: None };
+            let kind = WrKind::Write { remote_addr: addr, key, imm: Some(TAG) };
             match c.eng.post(slot as u64, c.peer, kind, mems[slot], 0, a.size) {
                 Ok(_) => {
                     free.pop();
@@ -320,9 +331,10 @@ fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
         }
         progress.tick(done);
     }
+    // Every write is visible at the server once it says so.
+    c.get()?;
     let secs = started.map_or(0.0, |s| s.elapsed().as_secs_f64());
     let cpu_pct = cpu.pct();
     progress.done();
-    c.put(1)?;
     Ok(Outcome { provider: c.eng.caps().provider.clone(), secs, cpu_pct, path: None })
 }

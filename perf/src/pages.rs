@@ -155,6 +155,8 @@ fn serve_on<B: IoBuf>(p: &PagesArgs, pages: usize, c: &RtConn, buf: B) -> Result
         if p.imm {
             // The receiver's view: every page announced itself, in whatever order.
             rt.wait_imm(TAG, pages).await;
+            // The client's clock stops here: every page is visible.
+            ep.send(rt.alloc(8)?).await.0?;
         }
         done.await.0?;
         Ok(cpu.pct())
@@ -198,6 +200,7 @@ fn client_on<B: IoBuf + Sync>(
     let mut progress = Progress::new(!p.common.json, batches);
     rt.block_on(async {
         let remote = ep.recv_descriptor().await?;
+        let seen = if p.imm { Some(ep.recv(rt.alloc(8)?).start()) } else { None };
         // One source pool all batches read from, as a KV cache is one region.
         let source = std::sync::Arc::new(source);
         let mut free = vec![source; p.common.window];
@@ -227,6 +230,11 @@ fn client_on<B: IoBuf + Sync>(
             free.push(buf);
             done += 1;
             progress.tick(done);
+        }
+        // With `--imm`, the clock runs until the server has seen every page land (on shm's
+        // CUDA IPC path a batch completes here before the target's copies are done).
+        if let Some(seen) = seen {
+            seen.await.0?;
         }
         let secs = start.elapsed().as_secs_f64();
         let cpu_pct = cpu.pct();
