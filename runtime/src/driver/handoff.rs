@@ -21,6 +21,8 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use crate::driver::inline;
+use crate::driver::lend::Lend;
 use crate::reactor::cell::OpCell;
 
 /// The most polls a thread skips spinning after misses.
@@ -125,8 +127,9 @@ pub(crate) fn waits() {
 }
 
 /// Watch `cell` for its outcome for up to `spin`, unless this thread is backing off; true if
-/// the outcome is in.
-pub(crate) fn spin_until_done(cell: &OpCell, spin: AwaitSpin) -> bool {
+/// the outcome is in. Where the reactor thread lends its reactor (`lend`, runtime `rt`'s),
+/// turn it meanwhile whenever it can be had.
+pub(crate) fn spin_until_done(cell: &OpCell, spin: AwaitSpin, rt: u64, lend: Option<&Lend>) -> bool {
     if spin.is_off() {
         return false;
     }
@@ -135,13 +138,46 @@ pub(crate) fn spin_until_done(cell: &OpCell, spin: AwaitSpin) -> bool {
         BACKOFF.set(b);
         return false;
     }
-    let done = watch(|| cell.is_done(), spin.budget());
+    let done = match lend {
+        Some(lend) => drive(cell, lend, rt, spin.budget()),
+        None => watch(|| cell.is_done(), spin.budget()),
+    };
     if done {
         b.hit();
     } else {
         b.miss();
     }
     BACKOFF.set(b);
+    done
+}
+
+/// Turn runtime `rt`'s lent reactor whenever this thread can hold it, else watch, until
+/// `cell` is done or `budget` has passed (looking at the clock every few turns: a turn may
+/// cost a provider's progress call).
+fn drive(cell: &OpCell, lend: &Lend, rt: u64, budget: Duration) -> bool {
+    let start = Instant::now();
+    let mut lease = lend.lease();
+    let done = loop {
+        for _ in 0..8 {
+            if cell.is_done() {
+                break;
+            }
+            if lease.hold(true) {
+                inline::turn_held(rt, |r| {
+                    r.turn();
+                });
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if cell.is_done() {
+            break true;
+        }
+        if start.elapsed() >= budget {
+            break cell.is_done();
+        }
+    };
+    lease.release(done);
     done
 }
 
@@ -186,16 +222,16 @@ mod tests {
     fn a_spin_sees_an_outcome_that_is_in_and_gives_up_in_time_on_one_that_is_not() {
         let cell = OpCell::new();
         let t0 = Instant::now();
-        assert!(!spin_until_done(&cell, AwaitSpin::new(Duration::from_millis(2))));
+        assert!(!spin_until_done(&cell, AwaitSpin::new(Duration::from_millis(2)), 0, None));
         assert!(t0.elapsed() >= Duration::from_millis(2), "it spins its budget");
         assert!(t0.elapsed() < Duration::from_secs(1));
         // The miss makes the next poll skip at once.
         let t1 = Instant::now();
-        assert!(!spin_until_done(&cell, AwaitSpin::new(Duration::from_secs(5))));
+        assert!(!spin_until_done(&cell, AwaitSpin::new(Duration::from_secs(5)), 0, None));
         assert!(t1.elapsed() < Duration::from_millis(100), "a backed-off thread does not spin");
         cell.complete(Ok(Done { len: 1, imm: None }));
-        assert!(spin_until_done(&cell, AwaitSpin::new(Duration::from_millis(1))));
-        assert!(!spin_until_done(&OpCell::new(), AwaitSpin::OFF), "off never spins");
+        assert!(spin_until_done(&cell, AwaitSpin::new(Duration::from_millis(1)), 0, None));
+        assert!(!spin_until_done(&OpCell::new(), AwaitSpin::OFF, 0, None), "off never spins");
     }
 
     #[test]

@@ -70,13 +70,60 @@ pub(crate) fn turn_held(rt: u64, f: impl FnOnce(&mut Reactor)) -> bool {
 }
 
 /// Does this thread hold runtime `rt`'s reactor?
-fn holds(rt: u64) -> bool {
+pub(crate) fn holds(rt: u64) -> bool {
     HELD.try_with(|h| h.try_borrow().is_ok_and(|h| h.iter().any(|held| held.rt == rt))).unwrap_or(false)
+}
+
+/// Hold `reactor`, runtime `rt`'s, on this thread (a lent reactor, see `lend`); it comes back
+/// where this thread is inside a turn of a held reactor.
+pub(crate) fn hold_taken(rt: u64, reactor: Box<Reactor>) -> Result<(), Box<Reactor>> {
+    let mut reactor = Some(reactor);
+    let _ = HELD.try_with(|h| {
+        if let Ok(mut h) = h.try_borrow_mut() {
+            if let Some(r) = reactor.take() {
+                h.push(Held { rt, reactor: r });
+            }
+        }
+    });
+    match reactor {
+        None => Ok(()),
+        Some(r) => Err(r),
+    }
+}
+
+/// Stop holding runtime `rt`'s reactor on this thread, and hand it over.
+pub(crate) fn unhold(rt: u64) -> Option<Box<Reactor>> {
+    HELD.try_with(|h| {
+        let mut h = h.try_borrow_mut().ok()?;
+        let i = h.iter().position(|held| held.rt == rt)?;
+        Some(h.swap_remove(i).reactor)
+    })
+    .ok()
+    .flatten()
 }
 
 impl Slot {
     pub(crate) fn new(reactor: Reactor) -> Slot {
         Slot(Mutex::new(Some(Box::new(reactor))))
+    }
+
+    /// A slot with no reactor in it yet.
+    pub(crate) fn empty() -> Slot {
+        Slot(Mutex::new(None))
+    }
+
+    /// Take the reactor if it is here and the slot is not locked for a moment.
+    pub(crate) fn try_take(&self) -> Option<Box<Reactor>> {
+        match self.0.try_lock() {
+            Ok(mut g) => g.take(),
+            Err(TryLockError::Poisoned(p)) => p.into_inner().take(),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Put `reactor` here.
+    pub(crate) fn put(&self, reactor: Box<Reactor>) {
+        *self.lock() = Some(reactor);
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Box<Reactor>>> {

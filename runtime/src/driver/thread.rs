@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::driver::lend::Lend;
 use crate::reactor::{Idle, Reactor};
 
 /// How the thread idles.
@@ -26,13 +27,16 @@ const NAP_MIN: Duration = Duration::from_micros(50);
 
 /// Start the thread of the reactor of rail group `group` (named `rdmalane-reactor`, or
 /// `rdmalane-rg<group>` past the first: the kernel keeps 15 bytes of a thread's name).
+/// `lend`: spinning tasks may turn this reactor themselves (see `lend`).
 pub(crate) fn spawn(
-    mut reactor: Reactor,
+    reactor: Reactor,
     group: usize,
     core: Option<usize>,
     idle: Arc<Idle>,
     policy: IdlePolicy,
+    lend: Option<Arc<Lend>>,
 ) -> std::io::Result<JoinHandle<()>> {
+    let mut reactor = Box::new(reactor);
     let name = if group == 0 { "rdmalane-reactor".to_string() } else { format!("rdmalane-rg{group}") };
     std::thread::Builder::new().name(name).spawn(move || {
         if let Some(core) = core {
@@ -50,6 +54,16 @@ pub(crate) fn spawn(
         loop {
             if idle.shutdown.load(Ordering::Acquire) {
                 break;
+            }
+            if let Some(lend) = lend.as_ref().filter(|l| l.wanted()) {
+                match lend.lend_out(reactor) {
+                    Some(r) => reactor = r,
+                    // Stopping while a task holds it: that task stops it.
+                    None => return,
+                }
+                last_work = Instant::now();
+                nap = NAP_MIN;
+                continue;
             }
             if reactor.turn() || reactor.busy() {
                 last_work = Instant::now();

@@ -14,6 +14,7 @@ use crate::base::sched::{Class, TenantId};
 use crate::buf::IoBuf;
 use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline;
+use crate::driver::lend::Lend;
 use crate::reactor::cell::{Done, OpCell};
 use crate::reactor::cmd::Draft;
 use crate::reactor::AtOnce;
@@ -35,8 +36,9 @@ enum Inner {
     /// where this thread's inline driver holds it): the handle went with the request, let go
     /// of once the op was posted, off the latency path. (The op's buffer keeps the runtime
     /// alive where it is a registered buffer.) With how long a poll may watch for the outcome
-    /// before parking (`driver::handoff`).
-    Pending(u64, Arc<OpCell>, AwaitSpin),
+    /// before parking (`driver::handoff`), and the reactor it may turn meanwhile
+    /// (`driver::lend`).
+    Pending(u64, Arc<OpCell>, AwaitSpin, Option<Arc<Lend>>),
     /// A device buffer's op on the staging path: copies and transfers of its mirror.
     Staged(Box<StagedOp>),
 }
@@ -112,6 +114,13 @@ impl<B: IoBuf> Op<B> {
         // Moved out, not cloned: each Arc clone and drop is an atomic on the hot path.
         if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
             let spin = rt.await_spin_for(draft.class, seg.len);
+            // A spinning op's task posts it itself where the reactor thread lends its reactor:
+            // held here, the paths below post it at once.
+            let lend = if spin.is_off() { None } else { rt.lend().cloned() };
+            let mut lease = lend.as_deref().map(Lend::lease);
+            if let Some(l) = &mut lease {
+                l.hold(false);
+            }
             // On the thread holding the reactor, an op it would post straight away is posted
             // now, with no cell unless it stays in flight (a small send usually finishes as it
             // is posted). Nothing runs between the post and setting the state below that could
@@ -119,10 +128,16 @@ impl<B: IoBuf> Op<B> {
             let draft = match rt.post_at_once(draft, seg) {
                 Ok(AtOnce::Finished(res)) => {
                     self.inner = Inner::Ready(Some(res.map(|d| d.len).map_err(Box::new)));
+                    if let Some(l) = &mut lease {
+                        l.release(true);
+                    }
                     return;
                 }
                 Ok(AtOnce::InFlight(cell)) => {
-                    self.inner = Inner::Pending(rt.id(), cell, spin);
+                    self.inner = Inner::Pending(rt.id(), cell, spin, lend.clone());
+                    if let Some(l) = &mut lease {
+                        l.release(true);
+                    }
                     return;
                 }
                 Err(draft) => draft,
@@ -130,9 +145,12 @@ impl<B: IoBuf> Op<B> {
             // Pending before the reactor sees it: should anything in `submit` (another op's
             // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
             let cell = OpCell::new();
-            self.inner = Inner::Pending(rt.id(), cell.clone(), spin);
-            if let Inner::Pending(_, mine, _) = &self.inner {
+            self.inner = Inner::Pending(rt.id(), cell.clone(), spin, lend.clone());
+            if let Inner::Pending(_, mine, ..) = &self.inner {
                 rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
+            }
+            if let Some(l) = &mut lease {
+                l.release(true);
             }
         }
     }
@@ -143,7 +161,13 @@ impl<B: IoBuf> Op<B> {
 
     /// The outcome of a submitted op, if it is in: looked at before an inline turn, after it,
     /// and when registering how to be woken (a completion may land in between).
-    fn outcome(cell: &OpCell, rt: u64, spin: AwaitSpin, cx: &mut Context<'_>) -> Option<Result<Done, Error>> {
+    fn outcome(
+        cell: &OpCell,
+        rt: u64,
+        spin: AwaitSpin,
+        lend: Option<&Lend>,
+        cx: &mut Context<'_>,
+    ) -> Option<Result<Done, Error>> {
         if let Some(o) = cell.outcome() {
             return Some(o);
         }
@@ -163,7 +187,7 @@ impl<B: IoBuf> Op<B> {
         }
         // A reactor thread completes it: a latency-class op watches for that a little before
         // its task parks (see `handoff`).
-        if handoff::spin_until_done(cell, spin) {
+        if handoff::spin_until_done(cell, spin, rt, lend) {
             if handoff::may_take() {
                 return cell.outcome();
             }
@@ -199,17 +223,19 @@ impl<B: IoBuf> Future for Op<B> {
         let out = match &mut this.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
-            Inner::Pending(rt, cell, spin) => match Self::outcome(cell, *rt, *spin, cx) {
-                Some(o) => o.map(|d| d.len),
-                None => return Poll::Pending,
-            },
+            Inner::Pending(rt, cell, spin, lend) => {
+                match Self::outcome(cell, *rt, *spin, lend.as_deref(), cx) {
+                    Some(o) => o.map(|d| d.len),
+                    None => return Poll::Pending,
+                }
+            }
             Inner::Staged(s) => match s.poll(cx) {
                 Poll::Ready(r) => r,
                 Poll::Pending => return Poll::Pending,
             },
         };
         // Let go of the cell now: the op is over.
-        if let Inner::Pending(_, cell, _) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
+        if let Inner::Pending(_, cell, ..) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
             OpCell::recycle(cell);
         }
         let buf = this.buf.take().expect("Op polled after completion");
@@ -221,7 +247,7 @@ impl<B: IoBuf> Drop for Op<B> {
     fn drop(&mut self) {
         // Posted and not completed: the memory may still be in the NIC's hands. The reactor's
         // reference keeps the cell, and now the buffer with it, until the completion arrives.
-        if let (Inner::Pending(_, cell, _), Some(buf)) = (&self.inner, self.buf.take()) {
+        if let (Inner::Pending(_, cell, ..), Some(buf)) = (&self.inner, self.buf.take()) {
             if !cell.is_done() {
                 cell.orphan(Box::new(buf));
                 cell.abandon();

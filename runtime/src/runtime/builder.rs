@@ -19,6 +19,7 @@ use crate::base::stats::Counters;
 use crate::base::transport::{Backend, Caps, RailId, TransportConfig};
 use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline::Slot;
+use crate::driver::lend::Lend;
 use crate::driver::thread::{self, IdlePolicy};
 use crate::reactor::cmd::GroupId;
 use crate::reactor::{Idle, Reactor};
@@ -97,6 +98,16 @@ impl Builder {
     /// reactor itself. `Duration::ZERO` turns it off.
     pub fn await_spin(mut self, d: Duration) -> Self {
         self.settings.await_spin = Some(d);
+        self
+    }
+
+    /// Let a spinning op's task turn the reactor itself (or `RDMALANE_AWAIT_DRIVE=1|0` when
+    /// unset here): the first rail group's reactor thread lends its reactor to a task whose
+    /// latency-class op spins (see [`await_spin`](Self::await_spin)), which then posts the op
+    /// and reaps its completion on its own thread, as the inline driver does, instead of
+    /// handing both across to the reactor thread and back. Default: on wherever ops spin.
+    pub fn await_drive(mut self, on: bool) -> Self {
+        self.settings.await_drive = Some(on);
         self
     }
 
@@ -342,6 +353,14 @@ impl Builder {
         tracing::debug!(?sched, "scheduler");
         let peer_timeout = set.peer_timeout;
         let mut inline = None;
+        let id = rand::random::<u64>() | 1;
+        let await_spin = match (self.driver, set.await_spin) {
+            (Driver::Inline, _) => AwaitSpin::OFF,
+            (Driver::Thread, Some(d)) => AwaitSpin::new(d),
+            (Driver::Thread, None) => AwaitSpin::new(handoff::default_budget(cores)),
+        };
+        let drive = self.driver == Driver::Thread && !await_spin.is_off() && set.await_drive != Some(false);
+        let mut lend = None;
         let mut started = Vec::with_capacity(groups.len());
         let mut taken = Vec::new();
         let drained = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -369,29 +388,32 @@ impl Builder {
             reactor.set_peer_timeout(peer_timeout);
             let rail_ids: Vec<RailId> = rails.iter().copied().map(RailId).collect();
             reactor.set_group(GroupId(g), groups.len(), rail_ids.clone(), drained.clone());
-            let (thread, thread_id) =
-                match (self.driver, g) {
-                    (Driver::Inline, 0) => {
-                        inline = Some(Slot::new(reactor));
-                        (None, None)
+            let (thread, thread_id) = match (self.driver, g) {
+                (Driver::Inline, 0) => {
+                    inline = Some(Slot::new(reactor));
+                    (None, None)
+                }
+                _ => {
+                    let mut policy = self.idle;
+                    if wait_fd {
+                        // The CQ's fd wakes the thread for completions and the eventfd for
+                        // submissions and peer losses; the timeout only paces housekeeping
+                        // (expiring unanswered control questions, which wait 10 s at least).
+                        // Each wake costs: at 50 ms an idle verbs reactor in the emulated VM
+                        // used up to 2.3% of a core.
+                        policy.max_sleep = Duration::from_millis(100);
+                        policy.woken_by_traffic = true;
                     }
-                    _ => {
-                        let mut policy = self.idle;
-                        if wait_fd {
-                            // The CQ's fd wakes the thread for completions and the eventfd for
-                            // submissions and peer losses; the timeout only paces housekeeping
-                            // (expiring unanswered control questions, which wait 10 s at least).
-                            // Each wake costs: at 50 ms an idle verbs reactor in the emulated VM
-                            // used up to 2.3% of a core.
-                            policy.max_sleep = Duration::from_millis(100);
-                            policy.woken_by_traffic = true;
-                        }
-                        let h = thread::spawn(reactor, g, core, idle.clone(), policy)
-                            .map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?;
-                        let id = h.thread().id();
-                        (Some(h), Some(id))
+                    if g == 0 && drive {
+                        lend = Some(Arc::new(Lend::new(id, idle.clone(), notifier.clone())));
                     }
-                };
+                    let mine = if g == 0 { lend.clone() } else { None };
+                    let h = thread::spawn(reactor, g, core, idle.clone(), policy, mine)
+                        .map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?;
+                    let id = h.thread().id();
+                    (Some(h), Some(id))
+                }
+            };
             started.push(Group {
                 tx,
                 idle,
@@ -402,28 +424,25 @@ impl Builder {
                 core,
             });
         }
-        let await_spin = match (self.driver, set.await_spin) {
-            (Driver::Inline, _) => AwaitSpin::OFF,
-            (Driver::Thread, Some(d)) => AwaitSpin::new(d),
-            (Driver::Thread, None) => AwaitSpin::new(handoff::default_budget(cores)),
-        };
         tracing::info!(
             provider = %caps.provider,
             driver = ?self.driver,
             cores,
             express,
             await_spin_us = await_spin.budget().as_micros() as u64,
+            await_drive = lend.is_some(),
             "rdmalane runtime started"
         );
         let fan_min = sched.chunk_size.max(1).saturating_mul(2);
         Ok(Runtime {
             inner: Arc::new(Inner {
-                id: rand::random::<u64>() | 1,
+                id,
                 lanes,
                 caps,
                 groups: started,
                 map,
                 inline,
+                lend,
                 regs: std::sync::RwLock::new(Slab::new()),
                 fan_min,
                 await_spin,

@@ -20,6 +20,7 @@ use crate::base::stats::{Counters, Stats};
 use crate::base::transport::{Access, Caps, LaneId, LocalSeg, MemoryRegion, Notify, RailId};
 use crate::driver::handoff::AwaitSpin;
 use crate::driver::inline::{self, with_held, Slot};
+use crate::driver::lend::Lend;
 use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::{Cmd, Draft, OpReq, PeerLane};
 use crate::reactor::Idle;
@@ -117,6 +118,9 @@ struct Inner {
     map: LaneMap,
     /// The one reactor, when the caller of `block_on` drives it.
     inline: Option<Slot>,
+    /// The first group's reactor as its thread lends it to spinning tasks (thread driver,
+    /// where ops spin and drive).
+    lend: Option<Arc<Lend>>,
     /// Registrations on several groups (unused with one).
     regs: std::sync::RwLock<Slab<GroupRegs>>,
     /// Bulk one-sided ops of at least this many bytes are split across the groups.
@@ -367,6 +371,11 @@ impl Runtime {
         }
     }
 
+    /// The first group's reactor as its thread lends it to spinning tasks, if it does.
+    pub(crate) fn lend(&self) -> Option<&Arc<Lend>> {
+        self.inner.lend.as_ref()
+    }
+
     /// How long the poll of an op of class `class` (or of `len` bytes, unclassed) may watch
     /// for its completion before parking: latency-class ops only.
     pub(crate) fn await_spin_for(&self, class: Option<Class>, len: usize) -> AwaitSpin {
@@ -409,8 +418,8 @@ impl Runtime {
         }
         // Inside the inline driver's block_on, which holds the reactor: post at once, skipping
         // the queue hop. Elsewhere ops wait for the driver like any other.
-        let req = match &self.inner.inline {
-            Some(_) => {
+        let req = match self.inner.inline.is_some() || self.inner.lend.is_some() {
+            true => {
                 let posted = with_held(self.inner.id, req, |r, req| {
                     r.submit_now(req);
                     if polled.is_some_and(|c| !c.is_done()) && inline::take_reap() {
@@ -420,7 +429,7 @@ impl Runtime {
                 let Err(req) = posted else { return };
                 req
             }
-            None => req,
+            false => req,
         };
         if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
             Counters::add_shared(&self.inner.counters[0].rejected);
@@ -435,7 +444,9 @@ impl Runtime {
     /// post at once (the latency class, whole); bulk ops come back, for the other groups.
     pub(crate) fn post_at_once(&self, draft: Draft, mut seg: LocalSeg) -> Result<AtOnce, Draft> {
         let inner = &self.inner;
-        if inner.inline.is_none() || inner.groups[0].idle.shutdown.load(Ordering::Acquire) {
+        if (inner.inline.is_none() && inner.lend.is_none())
+            || inner.groups[0].idle.shutdown.load(Ordering::Acquire)
+        {
             return Err(draft);
         }
         if inner.groups.len() > 1 {

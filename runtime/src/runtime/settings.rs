@@ -22,6 +22,7 @@ pub(crate) struct Settings {
     pub trust_local_peers: Option<bool>,
     pub poll_spacing: Option<Duration>,
     pub await_spin: Option<Duration>,
+    pub await_drive: Option<bool>,
     pub express: Option<bool>,
     pub device_memory: Option<DevicePolicy>,
     pub mr_cache_bytes: Option<usize>,
@@ -57,6 +58,9 @@ pub(crate) struct Resolved {
     /// How long a latency-class op's poll watches for its completion before parking; `None`:
     /// by the host's cores (`driver::handoff::default_budget`).
     pub await_spin: Option<Duration>,
+    /// A spinning op's task turns the first reactor itself (see `driver::lend`); `None`: where
+    /// ops spin.
+    pub await_drive: Option<bool>,
     /// An express rail (see `LaneMap`); `None`: by the host's cores and the provider.
     pub express: Option<bool>,
     /// Which path device memory may take.
@@ -128,6 +132,7 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         trust_local_peers: pick(s.trust_local_peers, trust_env, false),
         poll_spacing: s.poll_spacing.or(poll_spacing_env),
         await_spin: s.await_spin.or(await_spin_env),
+        await_drive: s.await_drive.or(vars::flag("RDMALANE_AWAIT_DRIVE", var("RDMALANE_AWAIT_DRIVE"))?),
         express: s.express.or(vars::flag("RDMALANE_EXPRESS", var("RDMALANE_EXPRESS"))?),
         device_memory: pick(
             s.device_memory,
