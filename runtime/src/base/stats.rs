@@ -30,6 +30,9 @@ pub struct Stats {
     pub staged_bytes: u64,
     /// Handshakes this runtime's listeners refused, by reason.
     pub refused: crate::base::refusal::RefusalCounts,
+    /// Polls in which a task held the reactor its thread lent it (see
+    /// [`Builder::await_drive`](crate::Builder::await_drive)) to post or reap its op.
+    pub task_holds: u64,
 }
 
 #[derive(Default)]
@@ -92,6 +95,7 @@ impl Counters {
             device_staged: l(|c| &c.device_staged),
             staged_bytes: l(|c| &c.staged_bytes),
             refused: Default::default(),
+            task_holds: 0,
         }
     }
 }

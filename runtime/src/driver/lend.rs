@@ -118,6 +118,11 @@ impl Lend {
         self.slot.try_take()
     }
 
+    /// Holds tasks have taken so far.
+    pub(crate) fn holds(&self) -> u64 {
+        self.released.load(Ordering::Relaxed)
+    }
+
     /// A task's hold, not yet taken.
     pub(crate) fn lease(&self) -> Lease<'_> {
         Lease { lend: self, state: LeaseState::Free }

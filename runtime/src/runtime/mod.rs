@@ -298,7 +298,11 @@ impl Runtime {
 
     /// A snapshot of the op counters.
     pub fn stats(&self) -> Stats {
-        Stats { refused: self.inner.refusals.snapshot(), ..Counters::snapshot(&self.inner.counters) }
+        Stats {
+            refused: self.inner.refusals.snapshot(),
+            task_holds: self.inner.lend.as_ref().map_or(0, |l| l.holds()),
+            ..Counters::snapshot(&self.inner.counters)
+        }
     }
 
     /// Bytes posted on each rail so far (one entry per rail).

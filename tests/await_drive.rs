@@ -1,0 +1,132 @@
+//! A task whose latency-class op spins turns the reactor its thread lends it
+//! (`Builder::await_drive`), on real providers: ping-pongs, awaited writes and reads move
+//! byte-exact with the reactor moving between the tasks and the thread, `Stats::task_holds`
+//! counts the holds (none with the lend turned off), ops dropped while a task holds the
+//! reactor keep their buffers until done, and a runtime stops while tasks are taking it.
+use std::time::Duration;
+
+use rdmalane::{Access, Runtime};
+use rdmalane_conformance::{bounded, drop_write_mid_flight, expose_to, filled, pair, providers};
+
+fn runtime(p: &str, drive: bool) -> Runtime {
+    rdmalane_conformance::builder(p)
+        .await_spin(Duration::from_micros(200))
+        .await_drive(drive)
+        .build()
+        .unwrap_or_else(|e| panic!("runtime on {p}: {e}"))
+}
+
+/// `rounds` of: a 16 B message each way, an awaited 16 B write and a read back of it, every
+/// byte checked.
+async fn rounds(a: &Runtime, b: &Runtime, rounds: usize, p: &str) {
+    let (ab, ba) = pair(a, b).await;
+    let (target, remote) = expose_to(&ba, &ab, 4096, Access::READ_WRITE).await;
+    let mut pong = b.alloc(16).expect("alloc");
+    for i in 0..rounds {
+        let (want, ping) = filled(a, 16, i as u64);
+        let recv = ba.recv(b.alloc(16).expect("alloc")).start();
+        ab.send(ping).await.0.unwrap_or_else(|e| panic!("{p}: send {i}: {e}"));
+        let (n, got) = recv.await;
+        assert_eq!(n.unwrap_or_else(|e| panic!("{p}: recv {i}: {e}")), 16);
+        assert_eq!(got[..], want[..], "{p}: message {i}");
+        pong.copy_from_slice(&got[..]);
+        let back = ab.recv(a.alloc(16).expect("alloc")).start();
+        let (r, p2) = ba.send(pong).await;
+        r.unwrap_or_else(|e| panic!("{p}: send back {i}: {e}"));
+        pong = p2;
+        assert_eq!(back.await.1[..], want[..], "{p}: message back {i}");
+        let at = remote.slice((i % 256) as u64 * 16..(i % 256 + 1) as u64 * 16).expect("in range");
+        let (want, src) = filled(a, 16, 1000 + i as u64);
+        ab.write_remote(src, &at).await.0.unwrap_or_else(|e| panic!("{p}: write {i}: {e}"));
+        let off = (i % 256) * 16;
+        assert_eq!(target.as_slice()[off..off + 16], want[..], "{p}: write {i} landed");
+        let (n, read) = ab.read_remote(a.alloc(16).expect("alloc"), &at).await;
+        assert_eq!(n.unwrap_or_else(|e| panic!("{p}: read {i}: {e}")), 16);
+        assert_eq!(read[..], want[..], "{p}: read {i}");
+    }
+}
+
+#[test]
+fn spinning_tasks_turn_the_lent_reactor_and_every_byte_lands() {
+    for p in providers() {
+        bounded(120, async {
+            let (a, b) = (runtime(p, true), runtime(p, true));
+            rounds(&a, &b, 500, p).await;
+            let (sa, sb) = (a.stats(), b.stats());
+            // How often depends on the cores (on 2, a busy reactor thread and a spinning task
+            // share them with the peer's); that it happens does not.
+            assert!(sa.task_holds + sb.task_holds > 0, "{p}: tasks held the reactors: {sa:?} {sb:?}");
+            assert_eq!(sa.failed + sb.failed, 0, "{p}: nothing failed");
+        });
+    }
+}
+
+#[test]
+fn with_the_lend_off_no_task_holds_a_reactor() {
+    for p in providers() {
+        bounded(120, async {
+            let (a, b) = (runtime(p, false), runtime(p, false));
+            rounds(&a, &b, 100, p).await;
+            assert_eq!(a.stats().task_holds + b.stats().task_holds, 0, "{p}: no lend");
+        });
+    }
+}
+
+#[test]
+fn ops_dropped_while_tasks_hold_the_reactor_keep_their_buffers_until_done() {
+    for p in providers() {
+        bounded(120, async {
+            let (a, b) = (runtime(p, true), runtime(p, true));
+            let (ab, ba) = pair(&a, &b).await;
+            let (_target, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
+            // Small ops spin and take the reactor; drop them at every point of their life.
+            for i in 0..200u64 {
+                let at = remote.slice(0..16).expect("in range");
+                let after = Duration::from_micros(i % 20);
+                drop_write_mid_flight(&a, &ab, &at, 16, after, p).await;
+            }
+            // A ping-pong still runs, on both reactors.
+            rounds(&a, &b, 50, p).await;
+        });
+    }
+}
+
+#[test]
+fn a_runtime_stops_while_other_threads_keep_taking_its_reactor() {
+    for p in providers() {
+        let (a, b) = (runtime(p, true), runtime(p, true));
+        let (ab, remote, _kept) = bounded(60, async {
+            let (ab, ba) = pair(&a, &b).await;
+            let (target, remote) = expose_to(&ba, &ab, 4096, Access::WRITE).await;
+            (std::sync::Arc::new(ab), remote, (target, ba))
+        });
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let (ab, remote, a, stop) = (ab.clone(), remote.clone(), a.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let Ok(src) = a.alloc(16) else { break };
+                        let (r, _) = a.block_on(ab.write_remote(src, &remote));
+                        match r {
+                            Ok(_) => n += 1,
+                            // Once the stop began, ops fail (as shut down, their peer told
+                            // goodbye, or their lane closed under them).
+                            Err(_) if stop.load(std::sync::atomic::Ordering::SeqCst) => break,
+                            Err(e) => panic!("{p}: write before the stop: {e}"),
+                        }
+                    }
+                    n
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let t = std::time::Instant::now();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        a.shutdown();
+        assert!(t.elapsed() < Duration::from_secs(10), "{p}: stopped in time");
+        let wrote: u64 = writers.into_iter().map(|w| w.join().expect("writer")).sum();
+        assert!(wrote > 0, "{p}: the writers wrote before the stop");
+    }
+}
