@@ -22,7 +22,7 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use crate::driver::inline;
-use crate::driver::lend::Lend;
+use crate::driver::lend::Lease;
 use crate::reactor::cell::OpCell;
 
 /// The most polls a thread skips spinning after misses.
@@ -127,9 +127,14 @@ pub(crate) fn waits() {
 }
 
 /// Watch `cell` for its outcome for up to `spin`, unless this thread is backing off; true if
-/// the outcome is in. Where the reactor thread lends its reactor (`lend`, runtime `rt`'s),
-/// turn it meanwhile whenever it can be had.
-pub(crate) fn spin_until_done(cell: &OpCell, spin: AwaitSpin, rt: u64, lend: Option<&Lend>) -> bool {
+/// the outcome is in. Where the reactor thread lends its reactor (`lease`, the poll's hold on
+/// runtime `rt`'s), turn it meanwhile whenever it can be had.
+pub(crate) fn spin_until_done(
+    cell: &OpCell,
+    spin: AwaitSpin,
+    rt: u64,
+    lease: Option<&mut Lease<'_>>,
+) -> bool {
     if spin.is_off() {
         return false;
     }
@@ -138,8 +143,8 @@ pub(crate) fn spin_until_done(cell: &OpCell, spin: AwaitSpin, rt: u64, lend: Opt
         BACKOFF.set(b);
         return false;
     }
-    let done = match lend {
-        Some(lend) => drive(cell, lend, rt, spin.budget()),
+    let done = match lease {
+        Some(lease) => drive(cell, lease, rt, spin.budget()),
         None => watch(|| cell.is_done(), spin.budget()),
     };
     if done {
@@ -151,13 +156,13 @@ pub(crate) fn spin_until_done(cell: &OpCell, spin: AwaitSpin, rt: u64, lend: Opt
     done
 }
 
-/// Turn runtime `rt`'s lent reactor whenever this thread can hold it, else watch, until
+/// Turn runtime `rt`'s lent reactor whenever this thread can hold it (the hold is kept: the
+/// poll puts it back as it returns), else watch, until
 /// `cell` is done or `budget` has passed (looking at the clock every few turns: a turn may
 /// cost a provider's progress call).
-fn drive(cell: &OpCell, lend: &Lend, rt: u64, budget: Duration) -> bool {
+fn drive(cell: &OpCell, lease: &mut Lease<'_>, rt: u64, budget: Duration) -> bool {
     let start = Instant::now();
-    let mut lease = lend.lease();
-    let done = loop {
+    loop {
         for _ in 0..8 {
             if cell.is_done() {
                 break;
@@ -176,9 +181,7 @@ fn drive(cell: &OpCell, lend: &Lend, rt: u64, budget: Duration) -> bool {
         if start.elapsed() >= budget {
             break cell.is_done();
         }
-    };
-    lease.release(done);
-    done
+    }
 }
 
 /// Call `done` until it says so or `budget` has passed; looks at the clock every 64 calls.

@@ -14,7 +14,7 @@ use crate::base::sched::{Class, TenantId};
 use crate::buf::IoBuf;
 use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline;
-use crate::driver::lend::Lend;
+use crate::driver::lend::{Lease, Lend};
 use crate::reactor::cell::{Done, OpCell};
 use crate::reactor::cmd::Draft;
 use crate::reactor::AtOnce;
@@ -101,12 +101,32 @@ impl<B: IoBuf> Op<B> {
     /// Hand the op to the reactor now, before it is awaited: how to pre-post a receive, or
     /// start a transfer while preparing the next. (Otherwise the first poll does this.)
     pub fn start(mut self) -> Self {
-        self.submit(false);
+        let lend = self.lend();
+        let mut lease = lend.as_deref().map(Lend::lease);
+        self.submit(false, lease.as_mut());
+        if let Some(l) = &mut lease {
+            l.release(true);
+        }
         self
     }
 
-    /// `polled`: called from `poll`, which may reap right after posting.
-    fn submit(&mut self, polled: bool) {
+    /// The reactor this op's poll may turn itself (`driver::lend`): a spinning op's, where its
+    /// runtime's reactor thread lends its reactor.
+    fn lend(&self) -> Option<Arc<Lend>> {
+        match &self.inner {
+            Inner::Unsubmitted(rt, draft) => {
+                let lend = rt.lend()?;
+                let len = self.buf.as_ref().map_or(0, |b| b.seg().len);
+                (!rt.await_spin_for(draft.class, len).is_off()).then(|| lend.clone())
+            }
+            Inner::Pending(_, _, _, lend) => lend.clone(),
+            _ => None,
+        }
+    }
+
+    /// `polled`: called from `poll`, which may reap right after posting. `lease`: the poll's
+    /// hold on the lent reactor, taken here if it is free: the op is then posted on this thread.
+    fn submit(&mut self, polled: bool, lease: Option<&mut Lease<'_>>) {
         if !matches!(self.inner, Inner::Unsubmitted(..)) {
             return;
         }
@@ -117,8 +137,7 @@ impl<B: IoBuf> Op<B> {
             // A spinning op's task posts it itself where the reactor thread lends its reactor:
             // held here, the paths below post it at once.
             let lend = if spin.is_off() { None } else { rt.lend().cloned() };
-            let mut lease = lend.as_deref().map(Lend::lease);
-            if let Some(l) = &mut lease {
+            if let Some(l) = lease {
                 l.hold(false);
             }
             // On the thread holding the reactor, an op it would post straight away is posted
@@ -128,16 +147,10 @@ impl<B: IoBuf> Op<B> {
             let draft = match rt.post_at_once(draft, seg) {
                 Ok(AtOnce::Finished(res)) => {
                     self.inner = Inner::Ready(Some(res.map(|d| d.len).map_err(Box::new)));
-                    if let Some(l) = &mut lease {
-                        l.release(true);
-                    }
                     return;
                 }
                 Ok(AtOnce::InFlight(cell)) => {
-                    self.inner = Inner::Pending(rt.id(), cell, spin, lend.clone());
-                    if let Some(l) = &mut lease {
-                        l.release(true);
-                    }
+                    self.inner = Inner::Pending(rt.id(), cell, spin, lend);
                     return;
                 }
                 Err(draft) => draft,
@@ -145,12 +158,9 @@ impl<B: IoBuf> Op<B> {
             // Pending before the reactor sees it: should anything in `submit` (another op's
             // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
             let cell = OpCell::new();
-            self.inner = Inner::Pending(rt.id(), cell.clone(), spin, lend.clone());
+            self.inner = Inner::Pending(rt.id(), cell.clone(), spin, lend);
             if let Inner::Pending(_, mine, ..) = &self.inner {
                 rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
-            }
-            if let Some(l) = &mut lease {
-                l.release(true);
             }
         }
     }
@@ -165,7 +175,7 @@ impl<B: IoBuf> Op<B> {
         cell: &OpCell,
         rt: u64,
         spin: AwaitSpin,
-        lend: Option<&Lend>,
+        lease: Option<&mut Lease<'_>>,
         cx: &mut Context<'_>,
     ) -> Option<Result<Done, Error>> {
         if let Some(o) = cell.outcome() {
@@ -187,7 +197,7 @@ impl<B: IoBuf> Op<B> {
         }
         // A reactor thread completes it: a latency-class op watches for that a little before
         // its task parks (see `handoff`).
-        if handoff::spin_until_done(cell, spin, rt, lend) {
+        if handoff::spin_until_done(cell, spin, rt, lease) {
             if handoff::may_take() {
                 return cell.outcome();
             }
@@ -219,16 +229,18 @@ impl<B: IoBuf> Future for Op<B> {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        this.submit(true);
+        // The poll's hold on the lent reactor: taken by the submission or the spin, put back
+        // when the poll returns (at once where its task parks, see `driver::lend`).
+        let lend = this.lend();
+        let mut lease = lend.as_deref().map(Lend::lease);
+        this.submit(true, lease.as_mut());
         let out = match &mut this.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
-            Inner::Pending(rt, cell, spin, lend) => {
-                match Self::outcome(cell, *rt, *spin, lend.as_deref(), cx) {
-                    Some(o) => o.map(|d| d.len),
-                    None => return Poll::Pending,
-                }
-            }
+            Inner::Pending(rt, cell, spin, _) => match Self::outcome(cell, *rt, *spin, lease.as_mut(), cx) {
+                Some(o) => o.map(|d| d.len),
+                None => return Poll::Pending,
+            },
             Inner::Staged(s) => match s.poll(cx) {
                 Poll::Ready(r) => r,
                 Poll::Pending => return Poll::Pending,
@@ -237,6 +249,9 @@ impl<B: IoBuf> Future for Op<B> {
         // Let go of the cell now: the op is over.
         if let Inner::Pending(_, cell, ..) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
             OpCell::recycle(cell);
+        }
+        if let Some(l) = &mut lease {
+            l.release(true);
         }
         let buf = this.buf.take().expect("Op polled after completion");
         Poll::Ready((out, buf))
