@@ -49,9 +49,9 @@ impl<B: IoBuf> ExposedBuf<B> {
     /// Make what peers wrote visible in the buffer: call it after a peer said its writes are
     /// done (its message, or its write's immediate event). On the staging path of device
     /// memory, peers' writes land in the host mirror, and this copies the mirror's `range`
-    /// (all of it: `..`) into device memory, waiting for the copy; for host memory, and device
-    /// memory registered natively (where the write's completion at the peer and its immediate
-    /// event here come once the bytes are in place), there is nothing to do.
+    /// (all of it: `..`) into device memory, waiting for the copy; for device memory registered
+    /// natively it waits for the copies the provider queued on the device in this process (shm's
+    /// CUDA IPC path raises events before they are done); for host memory there is nothing to do.
     pub fn settle(&self, range: impl RangeBounds<usize>) -> Result<()> {
         self.stage(CopyDir::ToDevice, range)
     }
@@ -64,7 +64,9 @@ impl<B: IoBuf> ExposedBuf<B> {
     }
 
     fn stage(&self, dir: CopyDir, range: impl RangeBounds<usize>) -> Result<()> {
-        let Some(view) = self.get_ref().staging() else { return Ok(()) };
+        // Natively registered device memory: the provider's copies queued in this process
+        // may still run (shm's CUDA IPC path raises events before they are done).
+        let Some(view) = self.get_ref().staging() else { return self.get_ref().fence() };
         let widen = |b: Bound<&usize>| b.map(|&v| v as u64);
         let (start, end) = bounds(widen(range.start_bound()), widen(range.end_bound()), view.len as u64);
         if start > end || end > view.len as u64 {

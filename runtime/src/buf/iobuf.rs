@@ -34,6 +34,13 @@ pub unsafe trait IoBuf: Send + 'static {
     fn dmabuf(&self) -> Option<DmaBuf> {
         None
     }
+    /// Wait for copies the transport queued on this memory's device (natively registered
+    /// device memory: a provider that moves it with the device's copy engine may complete an op
+    /// before its copy is done). Nothing to wait for in host memory.
+    #[doc(hidden)]
+    fn fence(&self) -> crate::Result<()> {
+        Ok(())
+    }
 }
 
 /// A buffer an operation may write into (receives, reads).
@@ -61,5 +68,8 @@ unsafe impl<T: IoBuf + Sync> IoBuf for std::sync::Arc<T> {
     }
     fn dmabuf(&self) -> Option<DmaBuf> {
         (**self).dmabuf()
+    }
+    fn fence(&self) -> crate::Result<()> {
+        (**self).fence()
     }
 }

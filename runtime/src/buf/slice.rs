@@ -66,6 +66,9 @@ unsafe impl<B: IoBuf> IoBuf for Slice<B> {
     fn dmabuf(&self) -> Option<DmaBuf> {
         self.buf.dmabuf().map(|d| DmaBuf { offset: d.offset + self.start as u64, ..d })
     }
+    fn fence(&self) -> crate::Result<()> {
+        self.buf.fence()
+    }
 }
 
 // SAFETY: exclusive because `B` is.

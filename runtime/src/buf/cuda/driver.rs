@@ -97,6 +97,13 @@ impl Context {
         check(op, "cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
     }
 
+    /// Wait for all work queued in the context (ours, and a provider's on its own streams).
+    pub(crate) fn synchronize(&self, op: OpKind) -> Result<()> {
+        self.bind(op)?;
+        // SAFETY: the current context is ours (bound above).
+        check(op, "cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
     /// Whether the device can export its memory as dma-buf.
     pub(crate) fn dmabuf_supported(&self) -> bool {
         let mut v = 0;

@@ -137,6 +137,8 @@ impl CudaBuf {
     pub fn copy_from_host(&mut self, at: usize, src: &[u8]) -> Result<()> {
         self.check_range(at, src.len())?;
         self.reg.ctx.bind(OpKind::Copy)?;
+        // A transport's copy out of this memory may still run after its op completed.
+        self.fence()?;
         // SAFETY: the range was checked against our allocation; `src` is valid for its length.
         let r = unsafe {
             cudarc::driver::sys::cuMemcpyHtoD_v2(self.ptr + at as u64, src.as_ptr().cast(), src.len())
@@ -148,6 +150,8 @@ impl CudaBuf {
     pub fn copy_to_host(&self, at: usize, dst: &mut [u8]) -> Result<()> {
         self.check_range(at, dst.len())?;
         self.reg.ctx.bind(OpKind::Copy)?;
+        // A transport's copy into this memory may still run after its op completed.
+        self.fence()?;
         // SAFETY: the range was checked against our allocation; `dst` is valid for its length.
         let r = unsafe {
             cudarc::driver::sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr + at as u64, dst.len())
@@ -160,6 +164,8 @@ impl CudaBuf {
     pub fn copy_from_device(&mut self, src: &CudaBuf) -> Result<()> {
         self.check_range(0, src.len)?;
         self.reg.ctx.bind(OpKind::Copy)?;
+        self.fence()?;
+        src.fence()?;
         // SAFETY: both ranges lie inside live allocations (checked above for ours).
         let r = unsafe { cudarc::driver::sys::cuMemcpyDtoD_v2(self.ptr, src.ptr, src.len) };
         check(OpKind::Copy, "cuMemcpyDtoD", r)?;
@@ -251,6 +257,14 @@ unsafe impl IoBuf for CudaBuf {
         match &self.reg.kind {
             Reg::Native { dmabuf: Some(fd), .. } => Some(DmaBuf { fd: fd.as_raw_fd(), offset: 0 }),
             _ => None,
+        }
+    }
+    fn fence(&self) -> Result<()> {
+        match &self.reg.kind {
+            // shm's CUDA IPC path completes an op before the copy it queued in this process
+            // (on a stream of its own) is done: wait for the context's work.
+            Reg::Native { .. } => self.reg.ctx.synchronize(OpKind::Copy),
+            Reg::Staged { .. } => Ok(()),
         }
     }
 }
