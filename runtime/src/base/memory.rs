@@ -62,6 +62,10 @@ pub enum DeviceRegistration {
         /// Registrations are marked device-only (FI_HMEM_DEVICE_ONLY, where the headers have
         /// it): the provider need not look up the memory's kind per op.
         device_only: bool,
+        /// The provider reports device-memory ops complete before their copies land (shm's
+        /// CUDA IPC path): a completion or immediate event does not mean the bytes are there,
+        /// so [`DevicePolicy::Auto`] stages instead; only [`DevicePolicy::Native`] takes it.
+        early_completion: bool,
     },
     /// verbs: `ibv_reg_dmabuf_mr` from the CUDA dma-buf handle (kernel 5.12 and up), else a
     /// plain registration of the device address, which nvidia-peermem resolves.
@@ -84,6 +88,9 @@ impl std::fmt::Display for DeviceRegistration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DeviceRegistration::None => f.write_str("none"),
+            DeviceRegistration::FiHmem { early_completion: true, .. } => {
+                f.write_str("FI_HMEM (completes before its copies land)")
+            }
             DeviceRegistration::FiHmem { dmabuf: true, .. } => f.write_str("FI_HMEM (dma-buf)"),
             DeviceRegistration::FiHmem { .. } => f.write_str("FI_HMEM"),
             DeviceRegistration::Verbs { dmabuf: true, .. } => f.write_str("verbs dma-buf"),
@@ -136,10 +143,13 @@ impl std::fmt::Display for DevicePath {
 /// ([`Builder::device_memory`](crate::Builder::device_memory), `RDMALANE_DEVICE_MEMORY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DevicePolicy {
-    /// Native where the transport can register device memory, staged elsewhere (the default).
+    /// Native where the transport can register device memory and its completions mean the
+    /// bytes are there, staged elsewhere (the default).
     #[default]
     Auto,
-    /// Native only: device memory on a transport that cannot register it is refused.
+    /// Native only: device memory on a transport that cannot register it is refused. Taken even
+    /// where the provider completes before its copies land (shm's CUDA IPC): there the
+    /// application must make sure of the bytes itself.
     Native,
     /// Staged always, even where the transport could register device memory.
     Staged,
@@ -152,8 +162,10 @@ impl DevicePolicy {
     /// The path a buffer takes on a transport that registers device memory as `reg`, or why
     /// none (what the transport lacks).
     pub(crate) fn path(self, reg: DeviceRegistration) -> Result<DevicePath, &'static str> {
+        let early = matches!(reg, DeviceRegistration::FiHmem { early_completion: true, .. });
         match (self, reg.is_some()) {
             (DevicePolicy::Off, _) => Err("device memory is off (DevicePolicy::Off)"),
+            (DevicePolicy::Auto, true) if early => Ok(DevicePath::Staged),
             (DevicePolicy::Staged, _) | (DevicePolicy::Auto, false) => Ok(DevicePath::Staged),
             (DevicePolicy::Native | DevicePolicy::Auto, true) => Ok(DevicePath::Native(reg)),
             (DevicePolicy::Native, false) => {
@@ -169,8 +181,11 @@ mod tests {
 
     #[test]
     fn the_policy_picks_the_path_the_transport_allows() {
-        let hmem = DeviceRegistration::FiHmem { dmabuf: false, device_only: true };
+        let hmem = DeviceRegistration::FiHmem { dmabuf: false, device_only: true, early_completion: false };
         let none = DeviceRegistration::None;
+        let shm = DeviceRegistration::FiHmem { dmabuf: false, device_only: true, early_completion: true };
+        assert_eq!(DevicePolicy::Auto.path(shm), Ok(DevicePath::Staged), "early completions: staged");
+        assert_eq!(DevicePolicy::Native.path(shm), Ok(DevicePath::Native(shm)), "unless asked");
         assert_eq!(DevicePolicy::Auto.path(hmem), Ok(DevicePath::Native(hmem)));
         assert_eq!(DevicePolicy::Auto.path(none), Ok(DevicePath::Staged));
         assert_eq!(DevicePolicy::Staged.path(hmem), Ok(DevicePath::Staged));
