@@ -191,6 +191,7 @@ impl FabricTransport {
             wait_fd,
             rdmalane::backend::trust_local_peers_env(),
             false,
+            false,
         )?;
         t.space_polls(rdmalane::backend::poll_spacing_env());
         Ok(t)
@@ -210,7 +211,9 @@ impl FabricTransport {
     /// 127.0.0.(id+1) (127.0.0.1 is also the provider's default for rail 0), efa the id-th NIC
     /// fi_getinfo lists, and shm a domain of its own. `trust_local`: see
     /// `TransportConfig::trust_local_peers`. `hmem`: ask for device memory (FI_HMEM), taking the
-    /// provider without it where it has none (`Caps::device` says which).
+    /// provider without it where it has none (`Caps::device` says which); on shm, whose CUDA IPC
+    /// path completes before its copies land, only with `hmem_early` (see
+    /// `TransportConfig::device_early_completion`).
     pub fn open_rails(
         provider: Option<&str>,
         nodes: &[Option<String>],
@@ -218,7 +221,9 @@ impl FabricTransport {
         wait_fd: bool,
         trust_local: bool,
         hmem: bool,
+        hmem_early: bool,
     ) -> Result<FabricTransport> {
+        let hmem = info::Hmem { wanted: hmem, early_ok: hmem_early };
         let ids = if ids.is_empty() { &[0][..] } else { ids };
         let node0 = nodes.first().cloned().flatten();
         let (list, prov) = match provider {

@@ -59,6 +59,7 @@ impl Backend for Libfabric {
             !config.no_wait_object,
             config.trust_local_peers,
             config.device_memory,
+            config.device_early_completion,
         )?;
         t.space_polls(config.poll_spacing);
         Ok(Box::new(t))

@@ -48,6 +48,8 @@ impl RawEngine {
             false,
             rdmalane::backend::trust_local_peers_env(),
             hmem,
+            // The baseline measures the provider as it is.
+            hmem,
         )?;
         Self::on(Box::new(t))
     }

@@ -385,6 +385,10 @@ pub struct TransportConfig {
     /// Ask the provider for device-memory support (libfabric: FI_HMEM in the hints, falling
     /// back to a provider without it): what [`Caps::device`] then reports.
     pub device_memory: bool,
+    /// Take device-memory support even from a provider that completes ops before its copies
+    /// land (libfabric's shm and its CUDA IPC path): only where native registration is
+    /// demanded (`DevicePolicy::Native`); elsewhere such a provider is not asked for it.
+    pub device_early_completion: bool,
 }
 
 /// `RDMALANE_POLL_SPACING_NS` (see [`TransportConfig::poll_spacing`]), for a backend opened

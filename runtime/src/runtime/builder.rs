@@ -274,7 +274,9 @@ impl Builder {
             rail_ids: Vec::new(),
             trust_local_peers: set.trust_local_peers,
             poll_spacing: set.poll_spacing,
-            device_memory: set.device_memory != DevicePolicy::Off,
+            // The staging path needs nothing of the transport.
+            device_memory: matches!(set.device_memory, DevicePolicy::Auto | DevicePolicy::Native),
+            device_early_completion: set.device_memory == DevicePolicy::Native,
         };
         let backend = match config.provider.as_deref() {
             None => self.backends[0].clone(),
