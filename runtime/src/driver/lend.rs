@@ -75,6 +75,12 @@ impl Lend {
         self.want.load(Ordering::Relaxed)
     }
 
+    /// The thread's side, about to sleep (its sleeping flag set): a task wants the reactor?
+    /// Ordered against the task's ask, which raises `want` before it looks at that flag.
+    pub(crate) fn wanted_now(&self) -> bool {
+        self.want.load(Ordering::SeqCst)
+    }
+
     /// The thread's side: put `reactor` in the slot and wait until it is due back (see the
     /// module's doc); `None` when stopping and a task still holds it.
     pub(crate) fn lend_out(&self, reactor: Box<Reactor>) -> Option<Box<Reactor>> {
@@ -177,7 +183,7 @@ impl Lease<'_> {
             };
         }
         if ask && self.state == LeaseState::Free {
-            self.lend.want.store(true, Ordering::Relaxed);
+            self.lend.want.store(true, Ordering::SeqCst);
             if self.lend.idle.sleeping.load(Ordering::SeqCst) {
                 self.lend.notifier.notify();
             }

@@ -89,7 +89,10 @@ pub(crate) fn spawn(
             // Announce the sleep, then look once more: a submitter either sees the flag and
             // notifies, or its command is already in the queue for this turn.
             idle.sleeping.store(true, Ordering::SeqCst);
-            if !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
+            // A task that asked for the reactor either sees the flag and notifies, or is seen
+            // here (both sides order their store before their look).
+            let wanted = lend.as_ref().is_some_and(|l| l.wanted_now());
+            if !wanted && !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
                 reactor.announce_sleep();
                 let longest = reactor.longest_nap().unwrap_or(policy.max_sleep).min(policy.max_sleep);
                 let asked = nap.min(longest);
