@@ -70,14 +70,10 @@ impl Lend {
         }
     }
 
-    /// The thread's side: a task wants the reactor?
+    /// The thread's side: a task wants the reactor? (SeqCst: about to sleep, the thread sets
+    /// its sleeping flag and then looks here, while the task raises `want` and then looks at
+    /// that flag.)
     pub(crate) fn wanted(&self) -> bool {
-        self.want.load(Ordering::Relaxed)
-    }
-
-    /// The thread's side, about to sleep (its sleeping flag set): a task wants the reactor?
-    /// Ordered against the task's ask, which raises `want` before it looks at that flag.
-    pub(crate) fn wanted_now(&self) -> bool {
         self.want.load(Ordering::SeqCst)
     }
 

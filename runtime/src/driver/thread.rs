@@ -91,7 +91,7 @@ pub(crate) fn spawn(
             idle.sleeping.store(true, Ordering::SeqCst);
             // A task that asked for the reactor either sees the flag and notifies, or is seen
             // here (both sides order their store before their look).
-            let wanted = lend.as_ref().is_some_and(|l| l.wanted_now());
+            let wanted = lend.as_ref().is_some_and(|l| l.wanted());
             if !wanted && !reactor.turn() && !idle.shutdown.load(Ordering::SeqCst) {
                 reactor.announce_sleep();
                 let longest = reactor.longest_nap().unwrap_or(policy.max_sleep).min(policy.max_sleep);

@@ -103,7 +103,7 @@ impl<B: IoBuf> Op<B> {
     pub fn start(mut self) -> Self {
         let lend = self.lend();
         let mut lease = lend.as_deref().map(Lend::lease);
-        self.submit(false, lease.as_mut());
+        self.submit(false, lend.clone(), lease.as_mut());
         if let Some(l) = &mut lease {
             l.release(true);
         }
@@ -124,9 +124,10 @@ impl<B: IoBuf> Op<B> {
         }
     }
 
-    /// `polled`: called from `poll`, which may reap right after posting. `lease`: the poll's
-    /// hold on the lent reactor, taken here if it is free: the op is then posted on this thread.
-    fn submit(&mut self, polled: bool, lease: Option<&mut Lease<'_>>) {
+    /// `polled`: called from `poll`, which may reap right after posting. `lend`: what
+    /// [`lend`](Self::lend) said, kept with the pending op; `lease`: the poll's hold on it,
+    /// taken here if it is free: the op is then posted on this thread.
+    fn submit(&mut self, polled: bool, lend: Option<Arc<Lend>>, lease: Option<&mut Lease<'_>>) {
         if !matches!(self.inner, Inner::Unsubmitted(..)) {
             return;
         }
@@ -136,7 +137,6 @@ impl<B: IoBuf> Op<B> {
             let spin = rt.await_spin_for(draft.class, seg.len);
             // A spinning op's task posts it itself where the reactor thread lends its reactor:
             // held here, the paths below post it at once.
-            let lend = if spin.is_off() { None } else { rt.lend().cloned() };
             if let Some(l) = lease {
                 l.hold(false);
             }
@@ -233,7 +233,7 @@ impl<B: IoBuf> Future for Op<B> {
         // when the poll returns (at once where its task parks, see `driver::lend`).
         let lend = this.lend();
         let mut lease = lend.as_deref().map(Lend::lease);
-        this.submit(true, lease.as_mut());
+        this.submit(true, lend.clone(), lease.as_mut());
         let out = match &mut this.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
