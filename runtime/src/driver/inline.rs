@@ -107,25 +107,6 @@ impl Slot {
         Slot(Mutex::new(Some(Box::new(reactor))))
     }
 
-    /// A slot with no reactor in it yet.
-    pub(crate) fn empty() -> Slot {
-        Slot(Mutex::new(None))
-    }
-
-    /// Take the reactor if it is here and the slot is not locked for a moment.
-    pub(crate) fn try_take(&self) -> Option<Box<Reactor>> {
-        match self.0.try_lock() {
-            Ok(mut g) => g.take(),
-            Err(TryLockError::Poisoned(p)) => p.into_inner().take(),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-
-    /// Put `reactor` here.
-    pub(crate) fn put(&self, reactor: Box<Reactor>) {
-        *self.lock() = Some(reactor);
-    }
-
     fn lock(&self) -> MutexGuard<'_, Option<Box<Reactor>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }

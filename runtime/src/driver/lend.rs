@@ -24,8 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::atomic::AtomicCell;
+use crossbeam_utils::CachePadded;
+
 use crate::base::transport::Notify;
-use crate::driver::inline::{self, Slot};
+use crate::driver::inline;
 use crate::reactor::{Idle, Reactor, SHUTDOWN_LIMIT};
 
 /// How long the reactor stays in the slot after a task put it back with its op done, before
@@ -37,20 +40,35 @@ pub(crate) const REHOLD: Duration = Duration::from_micros(10);
 /// How long a stopping thread waits for a task to put the reactor back.
 const SHUTDOWN_WAIT: Duration = Duration::from_millis(200);
 
-/// The first group's reactor as its thread and spinning tasks share it.
-pub(crate) struct Lend {
-    /// The runtime's id (the thread-local hold names reactors by it).
-    rt: u64,
-    slot: Slot,
+/// What a task writes at every hold: the slot and the count of holds. On a cache line of its
+/// own, which the lending thread reads once per [`REHOLD`]: a line it polled would cross
+/// between the cores at every take and put (on 16 cores, shm, that cost about a third of a
+/// 16 B ping-pong's round trip).
+struct SlotLine {
+    /// The reactor, while nobody holds it. Taking it and putting it back are one atomic swap
+    /// each (a lock would be two): a ping-pong takes it three times a round trip per side.
+    slot: AtomicCell<Option<Box<Reactor>>>,
+    /// Bumped by each task that puts the reactor back (by the holder alone, so a store): the
+    /// thread retakes it once this stops moving for [`REHOLD`].
+    released: AtomicU64,
+}
+
+/// What the lending thread polls: written seldom (an ask, a park, a stop).
+struct Flags {
     /// A task waits for the reactor the thread holds.
     want: AtomicBool,
-    /// Bumped by each task that puts the reactor back: the thread retakes it once this stops
-    /// moving for [`REHOLD`].
-    released: AtomicU64,
     /// A task put the reactor back with its op still out (it parks): retake it now.
     urgent: AtomicBool,
     /// The stopping thread gave up waiting: whoever puts the reactor back shuts it down.
     orphaned: AtomicBool,
+}
+
+/// The first group's reactor as its thread and spinning tasks share it.
+pub(crate) struct Lend {
+    line: CachePadded<SlotLine>,
+    flags: CachePadded<Flags>,
+    /// The runtime's id (the thread-local hold names reactors by it).
+    rt: u64,
     idle: Arc<Idle>,
     notifier: Arc<dyn Notify>,
 }
@@ -59,12 +77,13 @@ impl Lend {
     /// The lending side of runtime `rt`'s first group, whose flags are `idle`.
     pub(crate) fn new(rt: u64, idle: Arc<Idle>, notifier: Arc<dyn Notify>) -> Lend {
         Lend {
+            line: CachePadded::new(SlotLine { slot: AtomicCell::new(None), released: AtomicU64::new(0) }),
+            flags: CachePadded::new(Flags {
+                want: AtomicBool::new(false),
+                urgent: AtomicBool::new(false),
+                orphaned: AtomicBool::new(false),
+            }),
             rt,
-            slot: Slot::empty(),
-            want: AtomicBool::new(false),
-            released: AtomicU64::new(0),
-            urgent: AtomicBool::new(false),
-            orphaned: AtomicBool::new(false),
             idle,
             notifier,
         }
@@ -74,34 +93,43 @@ impl Lend {
     /// its sleeping flag and then looks here, while the task raises `want` and then looks at
     /// that flag.)
     pub(crate) fn wanted(&self) -> bool {
-        self.want.load(Ordering::SeqCst)
+        self.flags.want.load(Ordering::SeqCst)
     }
 
     /// The thread's side: put `reactor` in the slot and wait until it is due back (see the
     /// module's doc); `None` when stopping and a task still holds it.
     pub(crate) fn lend_out(&self, reactor: Box<Reactor>) -> Option<Box<Reactor>> {
-        self.urgent.store(false, Ordering::Relaxed);
-        self.slot.put(reactor);
-        let mut seen = self.released.load(Ordering::Acquire);
+        let (idle, flags, line) = (&*self.idle, &*self.flags, &*self.line);
+        flags.urgent.store(false, Ordering::Relaxed);
+        line.slot.store(Some(reactor));
+        let mut seen = line.released.load(Ordering::Acquire);
+        // When `released` was last seen to move (or the slot last found empty).
         let mut quiet = Instant::now();
         loop {
             for _ in 0..32 {
                 std::hint::spin_loop();
             }
-            if self.idle.shutdown.load(Ordering::Acquire) {
+            if idle.shutdown.load(Ordering::Acquire) {
                 return self.retake_to_stop();
             }
-            let now = self.released.load(Ordering::Acquire);
-            if now != seen {
-                seen = now;
-                quiet = Instant::now();
+            let now = Instant::now();
+            let at_once = flags.urgent.load(Ordering::Acquire) || idle.commands.load(Ordering::Acquire) > 0;
+            if !at_once {
+                // The tasks' line, looked at once per window only.
+                if now.duration_since(quiet) < REHOLD {
+                    continue;
+                }
+                let moved = line.released.load(Ordering::Acquire);
+                if moved != seen {
+                    (seen, quiet) = (moved, now);
+                    continue;
+                }
             }
-            let due = self.urgent.load(Ordering::Acquire)
-                || self.idle.commands.load(Ordering::Acquire) > 0
-                || quiet.elapsed() >= REHOLD;
-            if due && !self.wanted() {
-                if let Some(r) = self.slot.try_take() {
-                    return Some(r);
+            if !self.wanted() {
+                match line.slot.take() {
+                    Some(r) => return Some(r),
+                    // A task has it: look again a window later (or when it parks).
+                    None => quiet = now,
                 }
             }
         }
@@ -111,18 +139,19 @@ impl Lend {
     fn retake_to_stop(&self) -> Option<Box<Reactor>> {
         let deadline = Instant::now() + SHUTDOWN_WAIT;
         while Instant::now() < deadline {
-            if let Some(r) = self.slot.try_take() {
+            if let Some(r) = self.line.slot.take() {
                 return Some(r);
             }
             std::thread::yield_now();
         }
-        self.orphaned.store(true, Ordering::SeqCst);
-        self.slot.try_take()
+        // Before the swap below: a task's put that swaps after it sees the flag (see `release`).
+        self.flags.orphaned.store(true, Ordering::Relaxed);
+        self.line.slot.take()
     }
 
     /// Holds tasks have taken so far.
     pub(crate) fn holds(&self) -> u64 {
-        self.released.load(Ordering::Relaxed)
+        self.line.released.load(Ordering::Relaxed)
     }
 
     /// A task's hold, not yet taken.
@@ -162,24 +191,24 @@ impl Lease<'_> {
             }
             _ => {}
         }
-        if let Some(r) = self.lend.slot.try_take() {
+        if let Some(r) = self.lend.line.slot.take() {
             return match inline::hold_taken(self.lend.rt, r) {
                 Ok(()) => {
                     if self.state == LeaseState::Asked {
-                        self.lend.want.store(false, Ordering::Relaxed);
+                        self.lend.flags.want.store(false, Ordering::Relaxed);
                     }
                     self.state = LeaseState::Held;
                     true
                 }
                 // Inside a turn of a reactor this thread holds: not here.
                 Err(r) => {
-                    self.lend.slot.put(r);
+                    self.lend.line.slot.store(Some(r));
                     false
                 }
             };
         }
         if ask && self.state == LeaseState::Free {
-            self.lend.want.store(true, Ordering::SeqCst);
+            self.lend.flags.want.store(true, Ordering::SeqCst);
             if self.lend.idle.sleeping.load(Ordering::SeqCst) {
                 self.lend.notifier.notify();
             }
@@ -194,7 +223,7 @@ impl Lease<'_> {
         match std::mem::replace(&mut self.state, LeaseState::Free) {
             LeaseState::Held => {}
             LeaseState::Asked => {
-                self.lend.want.store(false, Ordering::Relaxed);
+                self.lend.flags.want.store(false, Ordering::Relaxed);
                 return;
             }
             LeaseState::Free | LeaseState::Nested => return,
@@ -202,14 +231,16 @@ impl Lease<'_> {
         let Some(r) = inline::unhold(self.lend.rt) else { return };
         let lend = self.lend;
         if !done {
-            lend.urgent.store(true, Ordering::Release);
+            lend.flags.urgent.store(true, Ordering::Release);
         }
-        lend.slot.put(r);
-        lend.released.fetch_add(1, Ordering::Release);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if lend.orphaned.load(Ordering::SeqCst) {
+        let n = lend.line.released.load(Ordering::Relaxed);
+        lend.line.released.store(n + 1, Ordering::Release);
+        // A swap (acquire and release): should the stopping thread's last take, a swap too,
+        // come before it, this one reads what that wrote, and so sees the flag set before it.
+        lend.line.slot.store(Some(r));
+        if lend.flags.orphaned.load(Ordering::Relaxed) {
             // The thread stopped without it: stop it here.
-            if let Some(mut r) = lend.slot.try_take() {
+            if let Some(mut r) = lend.line.slot.take() {
                 r.shutdown(SHUTDOWN_LIMIT);
             }
         }
@@ -220,5 +251,16 @@ impl Drop for Lease<'_> {
     fn drop(&mut self) {
         // An unwinding poll put the reactor back too; its op's outcome is unknown here.
         self.release(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slot_is_one_atomic_word() {
+        // Else AtomicCell falls back to a lock, and a take and a put cost four atomics again.
+        assert!(AtomicCell::<Option<Box<Reactor>>>::is_lock_free());
     }
 }

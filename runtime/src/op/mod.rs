@@ -101,33 +101,43 @@ impl<B: IoBuf> Op<B> {
     /// Hand the op to the reactor now, before it is awaited: how to pre-post a receive, or
     /// start a transfer while preparing the next. (Otherwise the first poll does this.)
     pub fn start(mut self) -> Self {
-        let lend = self.lend();
+        let lend = self.take_lend();
         let mut lease = lend.as_deref().map(Lend::lease);
-        self.submit(false, lend.clone(), lease.as_mut());
+        self.submit(false, lease.as_mut());
         if let Some(l) = &mut lease {
             l.release(true);
         }
+        drop(lease);
+        self.keep_lend(lend);
         self
     }
 
     /// The reactor this op's poll may turn itself (`driver::lend`): a spinning op's, where its
-    /// runtime's reactor thread lends its reactor.
-    fn lend(&self) -> Option<Arc<Lend>> {
-        match &self.inner {
+    /// runtime's reactor thread lends its reactor. Moved out of a pending op for the poll and
+    /// back in by [`keep_lend`](Self::keep_lend) (a clone is two atomics on a shared line):
+    /// cloned only for an op not yet submitted.
+    fn take_lend(&mut self) -> Option<Arc<Lend>> {
+        match &mut self.inner {
             Inner::Unsubmitted(rt, draft) => {
                 let lend = rt.lend()?;
                 let len = self.buf.as_ref().map_or(0, |b| b.seg().len);
                 (!rt.await_spin_for(draft.class, len).is_off()).then(|| lend.clone())
             }
-            Inner::Pending(_, _, _, lend) => lend.clone(),
+            Inner::Pending(_, _, _, lend) => lend.take(),
             _ => None,
         }
     }
 
-    /// `polled`: called from `poll`, which may reap right after posting. `lend`: what
-    /// [`lend`](Self::lend) said, kept with the pending op; `lease`: the poll's hold on it,
-    /// taken here if it is free: the op is then posted on this thread.
-    fn submit(&mut self, polled: bool, lend: Option<Arc<Lend>>, lease: Option<&mut Lease<'_>>) {
+    /// Put back what [`take_lend`](Self::take_lend) took, where the op is still pending.
+    fn keep_lend(&mut self, lend: Option<Arc<Lend>>) {
+        if let Inner::Pending(_, _, _, slot) = &mut self.inner {
+            *slot = lend;
+        }
+    }
+
+    /// `polled`: called from `poll`, which may reap right after posting. `lease`: the poll's
+    /// hold on the lent reactor, taken here if it is free: the op is then posted on this thread.
+    fn submit(&mut self, polled: bool, lease: Option<&mut Lease<'_>>) {
         if !matches!(self.inner, Inner::Unsubmitted(..)) {
             return;
         }
@@ -150,7 +160,7 @@ impl<B: IoBuf> Op<B> {
                     return;
                 }
                 Ok(AtOnce::InFlight(cell)) => {
-                    self.inner = Inner::Pending(rt.id(), cell, spin, lend);
+                    self.inner = Inner::Pending(rt.id(), cell, spin, None);
                     return;
                 }
                 Err(draft) => draft,
@@ -158,7 +168,7 @@ impl<B: IoBuf> Op<B> {
             // Pending before the reactor sees it: should anything in `submit` (another op's
             // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
             let cell = OpCell::new();
-            self.inner = Inner::Pending(rt.id(), cell.clone(), spin, lend);
+            self.inner = Inner::Pending(rt.id(), cell.clone(), spin, None);
             if let Inner::Pending(_, mine, ..) = &self.inner {
                 rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
             }
@@ -231,16 +241,42 @@ impl<B: IoBuf> Future for Op<B> {
         }
         // The poll's hold on the lent reactor: taken by the submission or the spin, put back
         // when the poll returns (at once where its task parks, see `driver::lend`).
-        let lend = this.lend();
+        let lend = this.take_lend();
         let mut lease = lend.as_deref().map(Lend::lease);
-        this.submit(true, lend.clone(), lease.as_mut());
+        let out = this.poll_held(lease.as_mut(), cx);
+        drop(lease);
+        this.keep_lend(lend);
+        out
+    }
+}
+
+impl<B: IoBuf> Op<B> {
+    /// The poll, with its hold on the lent reactor (if any), which it puts back before it
+    /// returns.
+    fn poll_held(
+        &mut self,
+        mut lease: Option<&mut Lease<'_>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<BufResult<usize, B>> {
+        let this = self;
+        this.submit(true, lease.as_deref_mut());
         let out = match &mut this.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
-            Inner::Pending(rt, cell, spin, _) => match Self::outcome(cell, *rt, *spin, lease.as_mut(), cx) {
-                Some(o) => o.map(|d| d.len),
-                None => return Poll::Pending,
-            },
+            Inner::Pending(rt, cell, spin, _) => {
+                match Self::outcome(cell, *rt, *spin, lease.as_deref_mut(), cx) {
+                    Some(o) => o.map(|d| d.len),
+                    None => {
+                        // Yielding with the outcome kept (a long run of spun ops), the task is
+                        // back at once: the reactor stays in the slot. Else it parks, and the
+                        // thread takes the reactor back now.
+                        if let Some(l) = lease {
+                            l.release(cell.is_done());
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            }
             Inner::Staged(s) => match s.poll(cx) {
                 Poll::Ready(r) => r,
                 Poll::Pending => return Poll::Pending,
@@ -250,7 +286,7 @@ impl<B: IoBuf> Future for Op<B> {
         if let Inner::Pending(_, cell, ..) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
             OpCell::recycle(cell);
         }
-        if let Some(l) = &mut lease {
+        if let Some(l) = lease {
             l.release(true);
         }
         let buf = this.buf.take().expect("Op polled after completion");
