@@ -48,10 +48,14 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
         };
     }
     let mut hist = Histogram::<u64>::new(3)?;
+    // The client's lent-reactor counts (see `Stats::task_holds`), where it has one.
+    let mut lend = [0u64; 3];
     let (provider, server_cpu) = with_server("lat", a, |addr| match a.engine {
         Engine::Runtime => {
             let mut c = RtConn::client(a, addr)?;
             rt_side(&mut c, a, true, Some(&mut hist))?;
+            let st = c.rt.stats();
+            lend = [st.task_holds, st.task_asks, st.thread_retakes];
             Ok(c.rt.provider().to_string())
         }
         Engine::Raw => {
@@ -82,6 +86,9 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
             ("p999_us", Val::F(us(0.999))),
             ("mean_us", Val::F(hist.mean() / 1000.0)),
             ("server_cpu_pct", Val::F(server_cpu.unwrap_or(f64::NAN))),
+            ("task_holds", Val::I(lend[0])),
+            ("task_asks", Val::I(lend[1])),
+            ("thread_retakes", Val::I(lend[2])),
         ],
     );
     Ok(())

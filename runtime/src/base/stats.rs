@@ -33,6 +33,12 @@ pub struct Stats {
     /// Polls in which a task held the reactor its thread lent it (see
     /// [`Builder::await_drive`](crate::Builder::await_drive)) to post or reap its op.
     pub task_holds: u64,
+    /// Times a task found the lent reactor with its thread and asked for it: each costs the
+    /// task a wait for the thread's next turn.
+    pub task_asks: u64,
+    /// Times the thread took the lent reactor back (no task had it for a while, a command
+    /// waited, or a task parked).
+    pub thread_retakes: u64,
 }
 
 #[derive(Default)]
@@ -96,6 +102,8 @@ impl Counters {
             staged_bytes: l(|c| &c.staged_bytes),
             refused: Default::default(),
             task_holds: 0,
+            task_asks: 0,
+            thread_retakes: 0,
         }
     }
 }

@@ -61,6 +61,10 @@ struct Flags {
     urgent: AtomicBool,
     /// The stopping thread gave up waiting: whoever puts the reactor back shuts it down.
     orphaned: AtomicBool,
+    /// Asks so far (a task's, rare on the fast path).
+    asks: AtomicU64,
+    /// Retakes so far (the thread's).
+    retakes: AtomicU64,
 }
 
 /// The first group's reactor as its thread and spinning tasks share it.
@@ -82,6 +86,8 @@ impl Lend {
                 want: AtomicBool::new(false),
                 urgent: AtomicBool::new(false),
                 orphaned: AtomicBool::new(false),
+                asks: AtomicU64::new(0),
+                retakes: AtomicU64::new(0),
             }),
             rt,
             idle,
@@ -127,7 +133,10 @@ impl Lend {
             }
             if !self.wanted() {
                 match line.slot.take() {
-                    Some(r) => return Some(r),
+                    Some(r) => {
+                        flags.retakes.fetch_add(1, Ordering::Relaxed);
+                        return Some(r);
+                    }
                     // A task has it: look again a window later (or when it parks).
                     None => quiet = now,
                 }
@@ -152,6 +161,16 @@ impl Lend {
     /// Holds tasks have taken so far.
     pub(crate) fn holds(&self) -> u64 {
         self.line.released.load(Ordering::Relaxed)
+    }
+
+    /// Asks tasks have made so far.
+    pub(crate) fn asks(&self) -> u64 {
+        self.flags.asks.load(Ordering::Relaxed)
+    }
+
+    /// Times the thread took the reactor back so far.
+    pub(crate) fn retakes(&self) -> u64 {
+        self.flags.retakes.load(Ordering::Relaxed)
     }
 
     /// A task's hold, not yet taken.
@@ -209,6 +228,7 @@ impl Lease<'_> {
         }
         if ask && self.state == LeaseState::Free {
             self.lend.flags.want.store(true, Ordering::SeqCst);
+            self.lend.flags.asks.fetch_add(1, Ordering::Relaxed);
             if self.lend.idle.sleeping.load(Ordering::SeqCst) {
                 self.lend.notifier.notify();
             }

@@ -301,6 +301,8 @@ impl Runtime {
         Stats {
             refused: self.inner.refusals.snapshot(),
             task_holds: self.inner.lend.as_ref().map_or(0, |l| l.holds()),
+            task_asks: self.inner.lend.as_ref().map_or(0, |l| l.asks()),
+            thread_retakes: self.inner.lend.as_ref().map_or(0, |l| l.retakes()),
             ..Counters::snapshot(&self.inner.counters)
         }
     }
