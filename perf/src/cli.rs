@@ -82,6 +82,19 @@ pub struct Mixed {
     /// Seconds of bulk alone (and per tenant run).
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
+    /// How the ping-pong and the stream share threads beside each other (the inline driver
+    /// turns its reactor on one thread only, so it always joins them).
+    #[arg(long, value_enum, default_value_t = Layout::Tasks)]
+    pub layout: Layout,
+}
+
+/// How `mixed` runs its two streams beside each other.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Each on a thread of its own, as an application's tasks (the thread driver only).
+    Tasks,
+    /// Both joined in one task (`futures::join!`): each waits while the other is polled.
+    Joined,
 }
 
 /// Which code drives the transport.

@@ -1,7 +1,10 @@
 //! `mixed`: the head-of-line test. On ONE connection: a 16 B ping-pong alone, a stream of
 //! 1 MiB writes (8 in flight) alone, then both at once. With `--scheduler fifo` the ping waits
 //! behind the writes; with `fair` it should not, while the stream keeps its throughput.
-use std::cell::Cell;
+//! Under the thread driver the two run on threads of their own, as an application's tasks
+//! would (`--layout joined` puts them in one task, where each waits while the other is
+//! polled); the inline driver turns its reactor on one thread, so there they are joined.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -9,7 +12,7 @@ use hdrhistogram::Histogram;
 use rdmalane::sched::{Mode, SchedConfig};
 use rdmalane::{Access, Endpoint, RemoteBuf, Runtime};
 
-use crate::cli::{Mixed, Sched};
+use crate::cli::{Layout, Mixed, Sched};
 use crate::conn::{build_rt_with, control_plane, serve_each, BoxErr, CpuMeter, RtServer, ServerChild};
 use crate::lat::pingpong;
 use crate::report::{print, Progress, Val};
@@ -115,7 +118,7 @@ pub async fn stream(
     remote: &RemoteBuf,
     m: &Mixed,
     tenant: u32,
-    stop: &Cell<bool>,
+    stop: &AtomicBool,
     until: Option<Instant>,
 ) -> Result<Streamed, BoxErr> {
     let mut free = Vec::new();
@@ -126,7 +129,7 @@ pub async fn stream(
     let mut inflight = FuturesUnordered::new();
     let start = Instant::now();
     let mut bytes = 0usize;
-    let done = || stop.get() || until.is_some_and(|t| Instant::now() >= t);
+    let done = || stop.load(Ordering::Relaxed) || until.is_some_and(|t| Instant::now() >= t);
     loop {
         while !done() && !free.is_empty() {
             let b = free.pop().expect("non-empty");
@@ -162,26 +165,40 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let rt = build_rt_with(a, sched_config(m), m.lanes.unwrap_or(1), 1)?;
     let ep = tokio.block_on(rt.connect(addr.clone()))?;
     let cpu = CpuMeter::start();
-    let (alone, bulk_alone, mixed, bulk_mixed) = rt.block_on(async {
+    let layout = if rt.driver() == rdmalane::Driver::Inline { Layout::Joined } else { m.layout };
+    let (remote, alone, bulk_alone) = rt.block_on(async {
         let remote = ep.recv_descriptor().await?;
         pingpong(&rt, &ep, PING, a.warmup, Duration::ZERO, &mut quiet()).await?;
         let alone = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await?;
-        let never = Cell::new(false);
+        let never = AtomicBool::new(false);
         let until = Instant::now() + std::time::Duration::from_secs_f64(m.secs);
         let bulk_alone = stream(&rt, &ep, &remote, m, 0, &never, Some(until)).await?;
-        let stop = Cell::new(false);
-        let pings = async {
-            // A few unmeasured pings while the stream fills the pipe.
-            pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await?;
-            let h = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await;
-            stop.set(true);
-            h
-        };
-        let (h, bw) = futures::join!(pings, stream(&rt, &ep, &remote, m, 0, &stop, None));
+        Ok::<_, BoxErr>((remote, alone, bulk_alone))
+    })?;
+    let stop = AtomicBool::new(false);
+    let pings = async {
+        // A few unmeasured pings while the stream fills the pipe.
+        pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await?;
+        let h = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await;
+        stop.store(true, Ordering::Relaxed);
+        h
+    };
+    let bulk = stream(&rt, &ep, &remote, m, 0, &stop, None);
+    let (mixed, bulk_mixed) = match layout {
+        Layout::Joined => rt.block_on(async { futures::join!(pings, bulk) }),
+        Layout::Tasks => std::thread::scope(|s| {
+            let b = s.spawn(|| rt.block_on(bulk));
+            let h = rt.block_on(pings);
+            stop.store(true, Ordering::Relaxed);
+            (h, b.join().unwrap_or_else(|_| Err("the bulk thread panicked".into())))
+        }),
+    };
+    let (mixed, bulk_mixed) = (mixed?, bulk_mixed?);
+    rt.block_on(async {
         let mut s = rt.alloc(1)?;
         s[0] = 0;
         ep.send(s).await.0?;
-        Ok::<_, BoxErr>((alone, bulk_alone, h?, bw?))
+        Ok::<_, BoxErr>(())
     })?;
     let cpu_pct = cpu.pct();
     drop(ep);
@@ -232,6 +249,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
             ("bulk_mixed_p99_us", Val::F(bulk_mixed.us(0.99))),
             ("bulk_mixed_p999_us", Val::F(bulk_mixed.us(0.999))),
             ("driver", Val::S(format!("{:?}", a.driver).to_lowercase())),
+            ("layout", Val::S(format!("{layout:?}").to_lowercase())),
             ("cpu_pct", Val::F(cpu_pct)),
             ("server_cpu_pct", Val::F(server_cpu)),
         ],

@@ -1,7 +1,6 @@
 //! `tenants`: fair share is per tenant, not per lane. Tenant A streams bulk writes over a
 //! connection with many lanes (16 by default), tenant B over one with a single lane, at the same
 //! time through one runtime; B/A should be about 1.
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use crate::cli::Mixed;
@@ -33,7 +32,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let (ga, gb) = rt.block_on(async {
         let ra = ep_a.recv_descriptor().await?;
         let rb = ep_b.recv_descriptor().await?;
-        let never = Cell::new(false);
+        let never = std::sync::atomic::AtomicBool::new(false);
         let until = Some(Instant::now() + Duration::from_secs_f64(m.secs));
         let (x, y) = futures::join!(
             stream(&rt, &ep_a, &ra, m, 1, &never, until),
