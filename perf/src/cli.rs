@@ -82,8 +82,7 @@ pub struct Mixed {
     /// Seconds of bulk alone (and per tenant run).
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
-    /// How the ping-pong and the stream share threads beside each other (the inline driver
-    /// turns its reactor on one thread only, so it always joins them).
+    /// How the ping-pong and the stream share threads beside each other.
     #[arg(long, value_enum, default_value_t = Layout::Tasks)]
     pub layout: Layout,
 }

@@ -1,9 +1,10 @@
 //! `mixed`: the head-of-line test. On ONE connection: a 16 B ping-pong alone, a stream of
 //! 1 MiB writes (8 in flight) alone, then both at once. With `--scheduler fifo` the ping waits
 //! behind the writes; with `fair` it should not, while the stream keeps its throughput.
-//! Under the thread driver the two run on threads of their own, as an application's tasks
-//! would (`--layout joined` puts them in one task, where each waits while the other is
-//! polled); the inline driver turns its reactor on one thread, so there they are joined.
+//! By default the two run on threads of their own, as an application's tasks would: the
+//! pings on the thread that drives the runtime (under the inline driver, the one turning the
+//! reactor), the stream on a worker thread whose writes reach the reactor through its queue.
+//! `--layout joined` puts them in one task, where each waits while the other is polled.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -96,6 +97,20 @@ async fn echo(rt: &Runtime, ep: &Endpoint, desc: RemoteBuf) -> Result<(), BoxErr
     }
 }
 
+/// Pending once, woken at once: lets the driver turn between two polls.
+async fn yield_once() {
+    let mut yielded = false;
+    futures::future::poll_fn(|cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await
+}
+
 /// What a bulk stream got: its rate, and each write's time from submission to completion.
 pub struct Streamed {
     /// Bytes written per second.
@@ -165,7 +180,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let rt = build_rt_with(a, sched_config(m), m.lanes.unwrap_or(1), 1)?;
     let ep = tokio.block_on(rt.connect(addr.clone()))?;
     let cpu = CpuMeter::start();
-    let layout = if rt.driver() == rdmalane::Driver::Inline { Layout::Joined } else { m.layout };
+    let layout = m.layout;
     let (remote, alone, bulk_alone) = rt.block_on(async {
         let remote = ep.recv_descriptor().await?;
         pingpong(&rt, &ep, PING, a.warmup, Duration::ZERO, &mut quiet()).await?;
@@ -186,12 +201,28 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let bulk = stream(&rt, &ep, &remote, m, 0, &stop, None);
     let (mixed, bulk_mixed) = match layout {
         Layout::Joined => rt.block_on(async { futures::join!(pings, bulk) }),
-        Layout::Tasks => std::thread::scope(|s| {
-            let b = s.spawn(|| rt.block_on(bulk));
-            let h = rt.block_on(pings);
-            stop.store(true, Ordering::Relaxed);
-            (h, b.join().unwrap_or_else(|_| Err("the bulk thread panicked".into())))
-        }),
+        Layout::Tasks => {
+            let drained = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                // Not `rt.block_on`: under the inline driver that would contend for the reactor.
+                let b = s.spawn(|| {
+                    let r = futures::executor::block_on(bulk);
+                    drained.store(true, Ordering::Release);
+                    r
+                });
+                let h = rt.block_on(async {
+                    let h = pings.await;
+                    stop.store(true, Ordering::Relaxed);
+                    // The inline driver's reactor turns only in here: keep it turning until the
+                    // stream's last writes are in.
+                    while !drained.load(Ordering::Acquire) {
+                        yield_once().await;
+                    }
+                    h
+                });
+                (h, b.join().unwrap_or_else(|_| Err("the bulk thread panicked".into())))
+            })
+        }
     };
     let (mixed, bulk_mixed) = (mixed?, bulk_mixed?);
     rt.block_on(async {
