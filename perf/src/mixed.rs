@@ -97,6 +97,40 @@ async fn echo(rt: &Runtime, ep: &Endpoint, desc: RemoteBuf) -> Result<(), BoxErr
     }
 }
 
+/// Run `fg` and the stream `bulk` beside each other as `layout` says; `fg` (or a time
+/// limit) must end the stream.
+fn beside<T>(
+    rt: &Runtime,
+    layout: Layout,
+    fg: impl std::future::Future<Output = T>,
+    bulk: impl std::future::Future<Output = Result<Streamed, BoxErr>> + Send,
+) -> (T, Result<Streamed, BoxErr>) {
+    match layout {
+        Layout::Joined => rt.block_on(async { futures::join!(fg, bulk) }),
+        Layout::Tasks => {
+            let drained = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                // Not `rt.block_on`: under the inline driver that would contend for the reactor.
+                let b = s.spawn(|| {
+                    let r = futures::executor::block_on(bulk);
+                    drained.store(true, Ordering::Release);
+                    r
+                });
+                let out = rt.block_on(async {
+                    let out = fg.await;
+                    // The inline driver's reactor turns only in here: keep it turning until the
+                    // stream's last writes are in.
+                    while !drained.load(Ordering::Acquire) {
+                        yield_once().await;
+                    }
+                    out
+                });
+                (out, b.join().unwrap_or_else(|_| Err("the bulk thread panicked".into())))
+            })
+        }
+    }
+}
+
 /// Pending once, woken at once: lets the driver turn between two polls.
 async fn yield_once() {
     let mut yielded = false;
@@ -181,49 +215,30 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let ep = tokio.block_on(rt.connect(addr.clone()))?;
     let cpu = CpuMeter::start();
     let layout = m.layout;
-    let (remote, alone, bulk_alone) = rt.block_on(async {
+    let (remote, alone) = rt.block_on(async {
         let remote = ep.recv_descriptor().await?;
         pingpong(&rt, &ep, PING, a.warmup, Duration::ZERO, &mut quiet()).await?;
         let alone = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await?;
-        let never = AtomicBool::new(false);
-        let until = Instant::now() + std::time::Duration::from_secs_f64(m.secs);
-        let bulk_alone = stream(&rt, &ep, &remote, m, 0, &never, Some(until)).await?;
-        Ok::<_, BoxErr>((remote, alone, bulk_alone))
+        Ok::<_, BoxErr>((remote, alone))
     })?;
+    // Bulk alone runs where it runs beside the pings (its own thread, or the one task).
+    let never = AtomicBool::new(false);
+    let until = Instant::now() + std::time::Duration::from_secs_f64(m.secs);
+    let bulk = stream(&rt, &ep, &remote, m, 0, &never, Some(until));
+    let ((), bulk_alone) = beside(&rt, layout, async {}, bulk);
+    let bulk_alone = bulk_alone?;
     let stop = AtomicBool::new(false);
     let pings = async {
         // A few unmeasured pings while the stream fills the pipe.
-        pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await?;
-        let h = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await;
+        let h = match pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await {
+            Ok(_) => pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await,
+            Err(e) => Err(e),
+        };
         stop.store(true, Ordering::Relaxed);
         h
     };
     let bulk = stream(&rt, &ep, &remote, m, 0, &stop, None);
-    let (mixed, bulk_mixed) = match layout {
-        Layout::Joined => rt.block_on(async { futures::join!(pings, bulk) }),
-        Layout::Tasks => {
-            let drained = AtomicBool::new(false);
-            std::thread::scope(|s| {
-                // Not `rt.block_on`: under the inline driver that would contend for the reactor.
-                let b = s.spawn(|| {
-                    let r = futures::executor::block_on(bulk);
-                    drained.store(true, Ordering::Release);
-                    r
-                });
-                let h = rt.block_on(async {
-                    let h = pings.await;
-                    stop.store(true, Ordering::Relaxed);
-                    // The inline driver's reactor turns only in here: keep it turning until the
-                    // stream's last writes are in.
-                    while !drained.load(Ordering::Acquire) {
-                        yield_once().await;
-                    }
-                    h
-                });
-                (h, b.join().unwrap_or_else(|_| Err("the bulk thread panicked".into())))
-            })
-        }
-    };
+    let (mixed, bulk_mixed) = beside(&rt, layout, pings, bulk);
     let (mixed, bulk_mixed) = (mixed?, bulk_mixed?);
     rt.block_on(async {
         let mut s = rt.alloc(1)?;
