@@ -288,9 +288,11 @@ fn inline_pair(
         (x.unwrap(), y.unwrap())
     });
     let target = b.expose(b.alloc(region).unwrap(), Access::WRITE).unwrap();
-    let mut msg = b.alloc(rdmalane::RemoteBuf::ENCODED_LEN).unwrap();
-    msg.copy_from_slice(&target.descriptor().to_bytes());
-    let desc_recv = ab.recv(a.alloc(rdmalane::RemoteBuf::ENCODED_LEN).unwrap());
+    // A descriptor carries a key per rail (an express rail adds one): its length varies.
+    let bytes = target.descriptor().to_bytes();
+    let mut msg = b.alloc(bytes.len()).unwrap();
+    msg.copy_from_slice(&bytes);
+    let desc_recv = ab.recv(a.alloc(rdmalane::RemoteBuf::MAX_ENCODED_LEN).unwrap());
     // The inline side must be driven while the peer sends (it may need to accept a
     // connection first), so both run under its block_on.
     let ((s, _), (n, d)) = a.block_on(futures::future::join(ba.send(msg), desc_recv));

@@ -38,7 +38,7 @@ fn mixed_traffic_through_peer_restarts_loses_no_op_and_no_memory() {
             rounds += 1;
             let peer = PeerProcess::spawn(PEER, rdmalane_conformance::main_provider());
             let ep = rt.connect(peer.addr.clone()).await.unwrap();
-            let (n, d) = ep.recv(rt.alloc(RemoteBuf::ENCODED_LEN).unwrap()).await;
+            let (n, d) = ep.recv(rt.alloc(RemoteBuf::MAX_ENCODED_LEN).unwrap()).await;
             let remote = RemoteBuf::from_bytes(&d[..n.unwrap()]).unwrap();
             let round_end = Instant::now() + Duration::from_millis(1500 + rand() % 2000);
             let mut ops = FuturesUnordered::new();
