@@ -180,13 +180,26 @@ fn a_batch_failing_part_way_names_the_piece_and_keeps_what_landed() {
             let mut src = a.alloc(24 * 4096).unwrap();
             src.copy_from_slice(&pattern(24 * 4096, 5));
             let (res, src) = ab.write_batch(src, &remote, &ps).await;
-            match res {
+            // The error names the first piece that did not land. On one lane that is the forged
+            // one; with several (an express rail adds lanes), pieces before it may still have
+            // been queued, or in flight on another lane, when its failure closed the connection.
+            let first = match res {
                 Err(Error::Batch { piece, source }) => {
-                    assert_eq!(piece, 16, "the forged piece is the first that failed: {source}");
+                    assert!(piece <= 16, "{p}: piece {piece} named, past the forged one: {source}");
+                    if !a.express_rail() {
+                        assert_eq!(
+                            piece, 16,
+                            "{p}: with one lane the forged piece is the first that failed: {source}"
+                        );
+                    }
+                    piece
                 }
                 other => panic!("a piece past the region must fail the batch: {other:?}"),
-            }
-            assert!(target.as_slice()[..16 * 4096] == src[..16 * 4096], "{p}: the pieces before it landed");
+            };
+            assert!(
+                target.as_slice()[..first * 4096] == src[..first * 4096],
+                "{p}: the pieces before piece {first} landed"
+            );
         });
     }
 }

@@ -12,6 +12,18 @@ use crate::base::stats::Counters;
 use crate::base::transport::Completion;
 use crate::base::transport::WrId;
 
+/// A batch failing with pieces still unposted (withdrawn with the failure, so never failed
+/// themselves): the error names the first piece that did not land, which may be one of those
+/// (a range handed back by a full queue, re-issued first, sits before the failing one). With
+/// one lane that is the failing piece; with several, it may come before it.
+pub(super) fn note_unposted(h: &mut Held, unposted: Option<usize>) {
+    let (Some(b), Some(off)) = (&h.req.batch, unposted) else { return };
+    let first = b.piece_at(off);
+    if let Some(Error::Batch { piece, .. }) = &mut h.error {
+        *piece = (*piece).min(first);
+    }
+}
+
 /// Record a chunk's failure on its op, naming the batch piece it belongs to. Of several failed
 /// pieces the lowest is kept: completions come in no particular order, and the first piece to
 /// fail is the likelier cause (later ones often fail because the connection went with it).
@@ -142,8 +154,10 @@ impl Reactor {
                 }
                 let ok = err.is_none();
                 if let Some(e) = err {
+                    let unposted = self.sched.first_unposted(c.op);
                     if let Some(h) = self.held[c.op.0].as_mut() {
                         note_chunk_error(h, c.offset, e);
+                        note_unposted(h, unposted);
                     }
                 }
                 if let Some(done) = self.sched.complete(c, ok) {

@@ -369,6 +369,7 @@ impl Reactor {
             if h.req.peer != slot {
                 continue;
             }
+            super::note_unposted(h, self.sched.first_unposted(id));
             h.error.get_or_insert(Error::PeerLost {
                 op: h.req.op,
                 peer: peer.clone(),

@@ -527,6 +527,15 @@ impl Scheduler {
         self.resolve(c.op)
     }
 
+    /// The lowest offset of op `id` not yet posted (a range handed back counts): where a
+    /// failure now would leave the op's bytes unmoved from, though no chunk of it failed.
+    pub fn first_unposted(&self, id: OpId) -> Option<usize> {
+        let o = self.ops.get(id.0)?;
+        let back = o.returned.iter().map(|r| r.0).min();
+        let fresh = (o.issued < o.len).then_some(o.issued);
+        back.into_iter().chain(fresh).min()
+    }
+
     /// The op's future is gone: withdraw what is not posted. Returns the op if that resolves it.
     pub fn cancel(&mut self, id: OpId) -> Option<OpDone> {
         self.ops[id.0].cancelled = true;

@@ -477,3 +477,19 @@ fn a_chunk_refused_after_its_op_was_cancelled_ends_the_op() {
     assert_eq!(s.unissue(out[1]), Some(OpDone { op: id, ok: false }));
     assert!(s.is_empty());
 }
+
+#[test]
+fn the_first_unposted_offset_counts_ranges_handed_back() {
+    // A failure withdraws what is not posted; the batch it ends names the first piece that
+    // did not land, which may be a range a full queue handed back, before the failing chunk.
+    let mut s = Scheduler::new(cfg());
+    let id = s.push(bulk(0, 4000, vec![0]));
+    assert_eq!(s.first_unposted(id), Some(0), "nothing posted yet");
+    let mut out = Vec::new();
+    s.next(&mut out, 64);
+    assert_eq!(out.len(), 4, "{out:?}");
+    assert_eq!(s.first_unposted(id), None, "all of it is out");
+    assert_eq!(s.unissue(out[1]), None);
+    assert_eq!(s.first_unposted(id), Some(out[1].offset), "the returned range");
+    assert_eq!(s.first_unposted(OpId(999)), None, "an unknown op has none");
+}
