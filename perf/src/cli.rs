@@ -90,7 +90,8 @@ pub struct Mixed {
 /// How `mixed` runs its two streams beside each other.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
-    /// Each on a thread of its own, as an application's tasks (the thread driver only).
+    /// Each on a thread of its own, as an application's tasks: the pings on the thread that
+    /// drives the runtime, the stream on a worker thread.
     Tasks,
     /// Both joined in one task (`futures::join!`): each waits while the other is polled.
     Joined,

@@ -229,11 +229,13 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let bulk_alone = bulk_alone?;
     let stop = AtomicBool::new(false);
     let pings = async {
-        // A few unmeasured pings while the stream fills the pipe.
-        let h = match pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await {
-            Ok(_) => pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await,
-            Err(e) => Err(e),
-        };
+        let h = async {
+            // A few unmeasured pings while the stream fills the pipe.
+            pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await?;
+            pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await
+        }
+        .await;
+        // Failed or done, the stream ends with the pings.
         stop.store(true, Ordering::Relaxed);
         h
     };

@@ -258,9 +258,8 @@ impl<B: IoBuf> Op<B> {
         mut lease: Option<&mut Lease<'_>>,
         cx: &mut Context<'_>,
     ) -> Poll<BufResult<usize, B>> {
-        let this = self;
-        this.submit(true, lease.as_deref_mut());
-        let out = match &mut this.inner {
+        self.submit(true, lease.as_deref_mut());
+        let out = match &mut self.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
             Inner::Pending(rt, cell, spin, _) => {
@@ -283,13 +282,13 @@ impl<B: IoBuf> Op<B> {
             },
         };
         // Let go of the cell now: the op is over.
-        if let Inner::Pending(_, cell, ..) = std::mem::replace(&mut this.inner, Inner::Ready(None)) {
+        if let Inner::Pending(_, cell, ..) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
             OpCell::recycle(cell);
         }
         if let Some(l) = lease {
             l.release(true);
         }
-        let buf = this.buf.take().expect("Op polled after completion");
+        let buf = self.buf.take().expect("Op polled after completion");
         Poll::Ready((out, buf))
     }
 }

@@ -7,7 +7,7 @@ use super::cell::{Done, OpCell};
 use super::{settle_cell, Held, Reactor, POLL_BATCH};
 use crate::base::error::OpKind;
 use crate::base::error::{Error, FailureClass, TransportError};
-use crate::base::sched::OpDone;
+use crate::base::sched::{Chunk, OpDone};
 use crate::base::stats::Counters;
 use crate::base::transport::Completion;
 use crate::base::transport::WrId;
@@ -27,7 +27,7 @@ pub(super) fn note_unposted(h: &mut Held, unposted: Option<usize>) {
 /// Record a chunk's failure on its op, naming the batch piece it belongs to. Of several failed
 /// pieces the lowest is kept: completions come in no particular order, and the first piece to
 /// fail is the likelier cause (later ones often fail because the connection went with it).
-pub(super) fn note_chunk_error(h: &mut Held, offset: usize, e: Error) {
+fn note_chunk_error(h: &mut Held, offset: usize, e: Error) {
     let Some(b) = &h.req.batch else {
         h.error.get_or_insert(e);
         return;
@@ -41,6 +41,16 @@ pub(super) fn note_chunk_error(h: &mut Held, offset: usize, e: Error) {
 }
 
 impl Reactor {
+    /// Chunk `c` of a scheduled op failed with `e`: record it on the op, naming the batch
+    /// piece that did not land first (see [`note_unposted`]).
+    pub(super) fn chunk_failed(&mut self, c: Chunk, e: Error) {
+        let unposted = self.sched.first_unposted(c.op);
+        if let Some(h) = self.held[c.op.0].as_mut() {
+            note_chunk_error(h, c.offset, e);
+            note_unposted(h, unposted);
+        }
+    }
+
     /// Finish an op with `res`: the one way an op's outcome leaves the reactor. While the
     /// audit or the rendezvous have something in progress, they see it first: the audit may
     /// hold a failure back until its target's verdict, and a rendezvous turns a marker's or a
@@ -154,11 +164,7 @@ impl Reactor {
                 }
                 let ok = err.is_none();
                 if let Some(e) = err {
-                    let unposted = self.sched.first_unposted(c.op);
-                    if let Some(h) = self.held[c.op.0].as_mut() {
-                        note_chunk_error(h, c.offset, e);
-                        note_unposted(h, unposted);
-                    }
+                    self.chunk_failed(c, e);
                 }
                 if let Some(done) = self.sched.complete(c, ok) {
                     self.settle_held(done);

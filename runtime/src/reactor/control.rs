@@ -153,9 +153,7 @@ impl Reactor {
                 source: self
                     .local_error(FailureClass::Cancelled, "dropped by the provider without a completion"),
             };
-            if let Some(h) = self.held[c.op.0].as_mut() {
-                super::note_chunk_error(h, c.offset, e);
-            }
+            self.chunk_failed(c, e);
         }
         self.drop_peer(slot, format!("it refused a one-sided op of ours ({why})"));
     }

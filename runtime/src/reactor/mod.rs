@@ -39,7 +39,7 @@ use crate::base::transport::{RailId, WrId};
 use crate::buf::lease;
 use crate::reactor::cell::{Done, OpCell};
 use cmd::{Cmd, OpReq};
-use complete::{note_chunk_error, note_unposted};
+use complete::note_unposted;
 pub(crate) use idle::Idle;
 use peers::Peers;
 pub(crate) use post::AtOnce;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::cell::{Done, OpCell};
 use super::cmd::{Draft, OpReq};
-use super::{count_outcome, note_chunk_error, note_unposted, Held, InFlight, Phase, Reactor};
+use super::{count_outcome, Held, InFlight, Phase, Reactor};
 use crate::base::batch::MAX_SGE;
 use crate::base::control::Ctl;
 use crate::base::error::Error;
@@ -284,12 +284,9 @@ impl Reactor {
                     break;
                 }
                 Err(PostError::Failed(e)) => {
-                    let unposted = self.sched.first_unposted(c.op);
-                    let h = self.held[c.op.0].as_mut().expect("held");
-                    let label = &self.peers[h.req.peer].label;
-                    let e = Error::from_transport(h.req.op, label, e);
-                    note_chunk_error(h, c.offset, e);
-                    note_unposted(h, unposted);
+                    let h = self.held[c.op.0].as_ref().expect("held");
+                    let e = Error::from_transport(h.req.op, &self.peers[h.req.peer].label, e);
+                    self.chunk_failed(c, e);
                     if let Some(done) = self.sched.complete(c, false) {
                         self.settle_held(done);
                     }
