@@ -10,11 +10,13 @@ use rdmalane_conformance::{
     runtime, shuffled_pages, write_and_read_back,
 };
 
-/// Four rails in two groups of two: `[[0, 1], [2, 3]]`.
+/// Four rails in two groups of two: `[[0, 1], [2, 3]]`, and no express rail (which would
+/// add a group in front: `tests/express.rs` covers that layout).
 fn grouped(provider: &str) -> Runtime {
     rdmalane_conformance::builder(provider)
         .rails(4)
         .rail_groups([[0, 1], [2, 3]])
+        .express_rail(false)
         // Sends above 1 MiB go by rendezvous: the receiver reads them from the sender.
         .max_message(1 << 20)
         .idle_spin(Duration::from_micros(50))
