@@ -1,5 +1,6 @@
 //! One libfabric RDM endpoint with its fabric, domain, address vector and completion queue: the
 //! `Transport` the reactor drives.
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::ptr;
 use std::sync::Arc;
@@ -66,8 +67,13 @@ struct Rail {
 
 /// A registration: one libfabric MR per rail, with its local descriptor.
 struct Mr {
+    /// Every MR this registration opened (its read twins too): closed together.
     fids: Vec<*mut ffi::fid_mr>,
     descs: Vec<usize>,
+    /// Device memory on shm's FI_HMEM: per rail, the descriptor of a twin registration without
+    /// FI_HMEM_DEVICE_ONLY, which reads into this memory use (see `register_device`). Empty
+    /// elsewhere.
+    read_descs: Vec<usize>,
 }
 
 /// A registration's attributes with zeroed room behind them (see `register_device`).
@@ -135,6 +141,14 @@ impl Mr {
         self.descs.push(desc);
         keys.push(key);
     }
+
+    /// Keep `mr` (open, valid) as the read twin of the last rail's registration.
+    fn push_read_twin(&mut self, mr: *mut ffi::fid_mr) {
+        // SAFETY: mr is a valid, open registration.
+        let desc = unsafe { ffi::fi_mr_desc(mr) as usize };
+        self.fids.push(mr);
+        self.read_descs.push(desc);
+    }
 }
 
 /// The libfabric transport: see the crate docs.
@@ -150,6 +164,8 @@ pub struct FabricTransport {
     key_mask: u64,
     delivery_complete: bool,
     mrs: Slab<Mr>,
+    /// A device registration's descriptor on a rail -> its read twin's (see `Mr::read_descs`).
+    read_twins: HashMap<usize, usize>,
     // Boxed: the provider holds their addresses while requests are posted, and the Vec grows.
     #[allow(clippy::vec_box)]
     ctxs: Vec<Box<Ctx>>,
@@ -307,6 +323,7 @@ impl FabricTransport {
             key_mask: u64::MAX,
             delivery_complete: false,
             mrs: Slab::new(),
+            read_twins: HashMap::new(),
             ctxs: Vec::new(),
             efd: Arc::new(EventFd::new().map_err(|e| Error::Io {
                 op: OpKind::Open,
@@ -719,8 +736,11 @@ impl Transport for FabricTransport {
             acs |= ffi::FI_REMOTE_WRITE as u64;
         }
         let prov_key = self.mr_mode & ffi::FI_MR_PROV_KEY != 0;
-        let mut m =
-            Mr { fids: Vec::with_capacity(self.rails.len()), descs: Vec::with_capacity(self.rails.len()) };
+        let mut m = Mr {
+            fids: Vec::with_capacity(self.rails.len()),
+            descs: Vec::with_capacity(self.rails.len()),
+            read_descs: Vec::new(),
+        };
         let mut keys = Vec::with_capacity(self.rails.len());
         for rail in 0..self.rails.len() {
             let domain = self.rails[rail].domain;
@@ -753,7 +773,7 @@ impl Transport for FabricTransport {
         access: Access,
         mem: DeviceMem,
     ) -> Result<MemoryRegion, TransportError> {
-        let DeviceRegistration::FiHmem { dmabuf, device_only, .. } = self.caps.device else {
+        let DeviceRegistration::FiHmem { dmabuf, device_only, early_completion } = self.caps.device else {
             return Err(self.err(-(ffi::FI_EOPNOTSUPP as i64), "device memory without FI_HMEM"));
         };
         let Memory::Cuda { device } = mem.memory else {
@@ -770,8 +790,11 @@ impl Transport for FabricTransport {
         }
         let prov_key = self.mr_mode & ffi::FI_MR_PROV_KEY != 0;
         let iov = ffi::iovec { iov_base: ptr as *mut _, iov_len: len };
-        let mut m =
-            Mr { fids: Vec::with_capacity(self.rails.len()), descs: Vec::with_capacity(self.rails.len()) };
+        let mut m = Mr {
+            fids: Vec::with_capacity(self.rails.len()),
+            descs: Vec::with_capacity(self.rails.len()),
+            read_descs: Vec::new(),
+        };
         let mut keys = Vec::with_capacity(self.rails.len());
         for rail in 0..self.rails.len() {
             let domain = self.rails[rail].domain;
@@ -809,6 +832,32 @@ impl Transport for FabricTransport {
                 return Err(self.close_partial(m, r, "fi_mr_regattr(FI_HMEM_CUDA)"));
             }
             m.push(mr, &mut keys);
+            if early_completion && flags & ffi::FI_HMEM_DEVICE_ONLY != 0 {
+                // shm takes its CUDA IPC path for an op whose local memory is registered
+                // FI_HMEM_DEVICE_ONLY, and for a read that path runs the copy into our memory
+                // in the *peer's* process, where it may still be running when our completion
+                // comes: nothing on this side can wait for it. A read into this memory uses a
+                // twin registration without the flag instead, which shm serves through its
+                // bounce buffers, with the last copy (into our memory) in this process, where
+                // a context synchronize covers it. Writes and sends keep the IPC path: their
+                // copies run in the target's process, which `settle` synchronizes.
+                let mut twin = HmemAttr::default();
+                set_iov(&mut twin.attr, &iov);
+                twin.attr.access = (ffi::FI_READ | ffi::FI_RECV) as u64;
+                twin.attr.requested_key = if prov_key { 0 } else { rand::random::<u64>() & self.key_mask };
+                twin.attr.iface = ffi::fi_hmem_iface_FI_HMEM_CUDA;
+                twin.attr.device.cuda = device as i32;
+                let mut tmr: *mut ffi::fid_mr = ptr::null_mut();
+                // SAFETY: as above.
+                let r = unsafe { ffi::fi_mr_regattr(domain, &twin.attr, 0, &mut tmr) };
+                if r != 0 {
+                    return Err(self.close_partial(m, r, "fi_mr_regattr(FI_HMEM_CUDA, read twin)"));
+                }
+                m.push_read_twin(tmr);
+            }
+        }
+        for (&d, &t) in m.descs.iter().zip(&m.read_descs) {
+            self.read_twins.insert(d, t);
         }
         Ok(self.region(ptr, m, keys))
     }
@@ -820,6 +869,11 @@ impl Transport for FabricTransport {
         let Some(m) = self.mrs.try_remove(id as usize) else {
             return Err(self.err(-(ffi::FI_ENOENT as i64), "deregister: unknown region"));
         };
+        if !m.read_descs.is_empty() {
+            m.descs.iter().for_each(|d| {
+                self.read_twins.remove(d);
+            });
+        }
         let Some(_inside) = Teardown::enter() else { return Ok(()) };
         let mut res = Ok(());
         for mr in m.fids {
@@ -858,6 +912,13 @@ impl Transport for FabricTransport {
                     }
                 },
             };
+        }
+        if matches!(wr.kind, WrKind::Read { .. }) && !self.read_twins.is_empty() {
+            for d in &mut desc[..n] {
+                if let Some(&t) = self.read_twins.get(&(*d as usize)) {
+                    *d = t as *mut _;
+                }
+            }
         }
         let total: usize = wr.local.iter().map(|s| s.len).sum();
         let t0 = probe::start();
