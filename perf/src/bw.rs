@@ -1,8 +1,8 @@
 //! `bw`: one-sided write bandwidth; the client keeps `--window` writes of `--size` bytes in
 //! flight into a buffer the server exposed. The clock stops when the server has seen every
-//! write land (each carries an immediate value, raised there once its bytes are visible), not
-//! at the client's last completion: on shm's CUDA IPC path a write completes at the initiator
-//! before the target's copy of it is done.
+//! write land (each carries an immediate value) and made them visible (`settle`: on shm's CUDA
+//! IPC path the events come before the target's copies are done), not at the client's last
+//! completion, which on that path also comes first.
 use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -147,6 +147,10 @@ fn rt_server_on<B: IoBuf>(c: &mut RtConn, buf: B) -> Result<f64, BoxErr> {
         let cpu = CpuMeter::start();
         ep.send_descriptor(&target.descriptor()).await?;
         rt.wait_imm(TAG, total).await;
+        // Device memory: the provider's copies into it may still run (shm's CUDA IPC path
+        // raises the events first), and a staged buffer's writes sit in its mirror. The
+        // documented sync, inside the clock: what is measured is bytes in device memory.
+        target.settle(..)?;
         let (r, _) = ep.send(rt.alloc(8)?).await;
         r?;
         Ok(cpu.pct())
@@ -287,6 +291,11 @@ fn raw_server(c: &mut RawConn, a: &Common) -> Result<f64, BoxErr> {
         comps.clear();
         c.eng.poll(&mut comps, 16);
         seen += comps.iter().filter(|c| matches!(c, Completion::RemoteWrite { imm: TAG, .. })).count() as u64;
+    }
+    // Device memory: wait for the provider's copies into it, as the runtime's server does.
+    #[cfg(feature = "cuda")]
+    if let Some(b) = _keep.bufs.first() {
+        b.copy_to_host(0, &mut [0u8; 1])?;
     }
     c.put(seen)?;
     Ok(cpu.pct())

@@ -155,6 +155,8 @@ fn serve_on<B: IoBuf>(p: &PagesArgs, pages: usize, c: &RtConn, buf: B) -> Result
         if p.imm {
             // The receiver's view: every page announced itself, in whatever order.
             rt.wait_imm(TAG, pages).await;
+            // Device memory: the provider's copies may still run (see `bw`).
+            target.settle(..)?;
             // The client's clock stops here: every page is visible.
             ep.send(rt.alloc(8)?).await.0?;
         }
