@@ -253,14 +253,14 @@ impl Runtime {
 
     /// The next immediate value a peer's `write_with_imm` raised here.
     pub fn next_imm(&self) -> NextImm {
-        NextImm { q: self.inner.imm.clone() }
+        NextImm::new(self.inner.imm.clone())
     }
 
     /// Resolves once `n` immediate events with value `tag` have arrived (from writes or batch
     /// pieces, in any order), and takes them: `next_imm` will not return them. Dropping the
     /// future takes nothing.
     pub fn wait_imm(&self, tag: u64, n: usize) -> WaitImm {
-        WaitImm { q: self.inner.imm.clone(), tag, n: n as u64 }
+        WaitImm::new(self.inner.imm.clone(), tag, n as u64)
     }
 
     /// Immediate events with value `tag` that have arrived and not been taken.
