@@ -7,6 +7,7 @@
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::base::remote::RemoteBuf;
+use crate::base::transport::RailSet;
 
 const HEARTBEAT: u8 = 0x48;
 const OFFER: u8 = 0x4F;
@@ -70,12 +71,21 @@ pub(crate) enum Ctl {
         /// What the peer found.
         verdict: Verdict,
     },
-    /// The sender's reactor is going to sleep, and its provider (shm) cannot wake it for the
-    /// receiver's ops: the receiver kicks it (`Kick`) along with its next op, else that op
-    /// would wait out the sender's nap (up to several milliseconds).
-    Asleep,
-    /// Wake up: an op of the sender's on this peer needs the receiver's progress.
-    Kick,
+    /// The sender's reactor serving `rails` (the sender's) is going to sleep, and its provider
+    /// (shm) cannot wake it for the receiver's ops: the receiver kicks it (`Kick`) along with
+    /// its next op on those rails, else that op would wait out the sender's nap (up to several
+    /// milliseconds). An op on the sender's other rails (another reactor's: with an express
+    /// rail, the latency class beside an idle bulk reactor) kicks nobody.
+    Asleep {
+        /// The sender's rails that reactor serves.
+        rails: RailSet,
+    },
+    /// Wake up the reactor serving `rails` (the receiver's): an op of the sender's on them
+    /// needs its progress.
+    Kick {
+        /// The receiver's rails the op reaches.
+        rails: RailSet,
+    },
     /// The sender lost this peer of its own accord (it misbehaved, or refused an op that shm
     /// leaves pending): the connection ends after this, and the receiver loses the sender.
     Goodbye {
@@ -125,8 +135,8 @@ impl Ctl {
     pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
             Ctl::Heartbeat => vec![HEARTBEAT],
-            Ctl::Asleep => vec![ASLEEP],
-            Ctl::Kick => vec![KICK],
+            Ctl::Asleep { rails } => [&[ASLEEP][..], &rails.0.to_le_bytes()].concat(),
+            Ctl::Kick { rails } => [&[KICK][..], &rails.0.to_le_bytes()].concat(),
             Ctl::Offer { token, desc } => {
                 let d = desc.to_bytes();
                 let mut out = Vec::with_capacity(7 + d.len());
@@ -186,8 +196,8 @@ impl Ctl {
         let kind = rd.read_u8().await?;
         Ok(match kind {
             HEARTBEAT => Ok(Ctl::Heartbeat),
-            ASLEEP => Ok(Ctl::Asleep),
-            KICK => Ok(Ctl::Kick),
+            ASLEEP => Ok(Ctl::Asleep { rails: RailSet(rd.read_u32_le().await?) }),
+            KICK => Ok(Ctl::Kick { rails: RailSet(rd.read_u32_le().await?) }),
             OFFER => {
                 let token = rd.read_u32_le().await?;
                 let n = rd.read_u16_le().await? as usize;
@@ -294,8 +304,8 @@ mod tests {
         ) {
             let msgs = vec![
                 Ctl::Heartbeat,
-                Ctl::Asleep,
-                Ctl::Kick,
+                Ctl::Asleep { rails: RailSet(small as u32) },
+                Ctl::Kick { rails: RailSet((small >> 32) as u32) },
                 offer(token, len, &keys),
                 Ctl::Withdrawn { token },
                 Ctl::Done { token, outcome: Pulled::Whole },

@@ -34,6 +34,41 @@ impl LaneId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub(crate) struct RailId(pub(crate) usize);
 
+/// A set of a runtime's rails (`RailId`s below `MAX_RAILS`): the rails one reactor serves, or
+/// those of a peer's whose reactors sleep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RailSet(pub(crate) u32);
+
+impl RailSet {
+    /// No rail.
+    pub(crate) const EMPTY: RailSet = RailSet(0);
+
+    /// The set of `rails` (ids of `MAX_RAILS` or more are left out).
+    pub(crate) fn of(rails: impl IntoIterator<Item = RailId>) -> RailSet {
+        RailSet(rails.into_iter().filter(|r| r.0 < 32).fold(0, |m, r| m | 1 << r.0))
+    }
+
+    /// Whether it holds no rail.
+    pub(crate) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The rails in both.
+    pub(crate) fn and(self, other: RailSet) -> RailSet {
+        RailSet(self.0 & other.0)
+    }
+
+    /// The rails in either.
+    pub(crate) fn or(self, other: RailSet) -> RailSet {
+        RailSet(self.0 | other.0)
+    }
+
+    /// The rails of `self` not in `other`.
+    pub(crate) fn without(self, other: RailSet) -> RailSet {
+        RailSet(self.0 & !other.0)
+    }
+}
+
 /// Access a memory registration grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {

@@ -1,6 +1,6 @@
 //! The control connection after the handshake: it carries what the reactor has to tell the peer
 //! and heartbeats, and brings the peer's messages to the reactor; when it ends, the peer is lost.
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncWriteExt;
@@ -9,6 +9,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::Notify;
 
 use crate::base::control::Ctl;
+use crate::base::transport::RailSet;
 use crate::runtime::{Runtime, Slots};
 
 /// A way for someone other than the socket (the cluster's membership, when the peer's entry
@@ -57,11 +58,11 @@ pub(super) fn watch_peer(
         // Both sides send a heartbeat a few times per timeout, so a peer whose host or network
         // went away (no FIN, no RST) is noticed too.
         let beat = timeout / 3;
-        // Wake-ups are one byte each, and each costs the reactor a command and a wake: only
-        // those an honest peer sends are handed on. It announces its sleep once per kick of
-        // ours, and kicks us once per announcement of ours; repeats are dropped.
-        let peer_asleep = AtomicBool::new(false);
-        let we_announced = AtomicBool::new(false);
+        // Each wake-up costs a reactor a command and a wake: only those an honest peer sends
+        // are handed on. Per rail, it announces its sleep once per kick of ours, and kicks us
+        // once per announcement of ours; repeats are dropped.
+        let peer_asleep = AtomicU32::new(0);
+        let we_announced = AtomicU32::new(0);
         let writer = async {
             let mut open = true;
             loop {
@@ -89,31 +90,57 @@ pub(super) fn watch_peer(
                 }
                 match msg {
                     Ctl::Goodbye { reason } => return reason,
-                    Ctl::Kick => peer_asleep.store(false, Ordering::Relaxed),
-                    Ctl::Asleep => we_announced.store(true, Ordering::Relaxed),
+                    Ctl::Kick { rails } => {
+                        peer_asleep.fetch_and(!rails.0, Ordering::Relaxed);
+                    }
+                    Ctl::Asleep { rails } => {
+                        we_announced.fetch_or(rails.0, Ordering::Relaxed);
+                    }
                     _ => {}
                 }
             }
         };
+        // The peer's message to the reactor it concerns; false once the runtime is gone.
+        let hand_on = |msg: Ctl| match weak.upgrade() {
+            Some(rt) => {
+                rt.control(&slots, peer_id, msg);
+                true
+            }
+            None => false,
+        };
         let reader = async {
             loop {
-                match tokio::time::timeout(timeout, Ctl::read(&mut rd)).await {
+                let msg = match tokio::time::timeout(timeout, Ctl::read(&mut rd)).await {
                     Err(_) => return format!("no heartbeat for {} ms", timeout.as_millis()),
                     Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                         return "control connection closed".to_string()
                     }
                     Ok(Err(e)) => return format!("control connection: {e}"),
                     Ok(Ok(Err(why))) => return format!("control protocol violated: {why}"),
-                    Ok(Ok(Ok(Ctl::Heartbeat))) => {}
+                    Ok(Ok(Ok(Ctl::Heartbeat))) => continue,
                     Ok(Ok(Ok(Ctl::Goodbye { reason }))) => {
                         return format!("the peer gave up on us: {reason}")
                     }
-                    Ok(Ok(Ok(Ctl::Asleep))) if peer_asleep.swap(true, Ordering::Relaxed) => {}
-                    Ok(Ok(Ok(Ctl::Kick))) if !we_announced.swap(false, Ordering::Relaxed) => {}
-                    Ok(Ok(Ok(msg))) => match weak.upgrade() {
-                        Some(rt) => rt.control(&slots, peer_id, msg),
-                        None => return "runtime gone".to_string(),
-                    },
+                    Ok(Ok(Ok(Ctl::Asleep { rails }))) => {
+                        // Only the rails not already said to sleep.
+                        let new = rails.without(RailSet(peer_asleep.fetch_or(rails.0, Ordering::Relaxed)));
+                        if new.is_empty() {
+                            continue;
+                        }
+                        Ctl::Asleep { rails: new }
+                    }
+                    Ok(Ok(Ok(Ctl::Kick { rails }))) => {
+                        // Only the rails we said sleep.
+                        let due = rails.and(RailSet(we_announced.fetch_and(!rails.0, Ordering::Relaxed)));
+                        if due.is_empty() {
+                            continue;
+                        }
+                        Ctl::Kick { rails: due }
+                    }
+                    Ok(Ok(Ok(msg))) => msg,
+                };
+                if !hand_on(msg) {
+                    return "runtime gone".to_string();
                 }
             }
         };

@@ -39,9 +39,9 @@ impl Reactor {
         match msg {
             // Both end at the connection's task, which never hands them on.
             Ctl::Heartbeat | Ctl::Goodbye { .. } => {}
-            Ctl::Asleep => self.peers[slot].heard(true),
+            Ctl::Asleep { rails } => self.peers[slot].heard_asleep(rails),
             // The command that brought it woke us: we may announce our next sleep to it again.
-            Ctl::Kick => self.peers[slot].heard(false),
+            Ctl::Kick { .. } => self.peers[slot].heard_kick(),
             Ctl::Check { .. } => self.audit.on_check(slot, msg, self.now, &mut out),
             Ctl::Verdict { token, verdict } => {
                 self.audit.on_verdict(slot, token, verdict, self.silent_refusals, &mut out)

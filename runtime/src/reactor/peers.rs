@@ -14,7 +14,7 @@ use crate::base::error::{Error, FailureClass, TransportError};
 use crate::base::lane_map::LaneMap;
 use crate::base::sched::OpId;
 use crate::base::stats::Counters;
-use crate::base::transport::{LaneId, PeerAddr, RailId};
+use crate::base::transport::{LaneId, PeerAddr, RailId, RailSet};
 
 pub(super) struct Peer {
     /// The peer runtime's id.
@@ -124,9 +124,10 @@ impl Window {
 pub(super) enum PeerState {
     /// Serving ops.
     Live {
-        /// Its reactor sleeps and its provider cannot wake it (`Ctl::Asleep`): our next op
-        /// that needs its progress kicks it awake on the control connection.
-        asleep: bool,
+        /// Its rails whose reactors sleep where its provider cannot wake them (`Ctl::Asleep`):
+        /// our next op on a lane reaching one of them kicks that reactor awake on the control
+        /// connection.
+        asleep: RailSet,
         /// We told it that our reactor sleeps, and it has not kicked us since.
         announced: bool,
     },
@@ -158,7 +159,7 @@ impl Peer {
             rails: rails.max(1),
             msg_lane,
             bulk_lanes,
-            state: PeerState::Live { asleep: false, announced: false },
+            state: PeerState::Live { asleep: RailSet::EMPTY, announced: false },
             inflight: 0,
             ctl,
         }
@@ -172,15 +173,26 @@ impl Peer {
         }
     }
 
-    /// It said its reactor sleeps (`asleep`), or kicked ours awake (`!asleep`: we may
-    /// announce our next sleep to it again).
-    pub(super) fn heard(&mut self, asleep: bool) {
-        if let PeerState::Live { asleep: a, announced } = &mut self.state {
-            if asleep {
-                *a = true;
-            } else {
-                *announced = false;
-            }
+    /// It said the reactor serving its `rails` sleeps.
+    pub(super) fn heard_asleep(&mut self, rails: RailSet) {
+        if let PeerState::Live { asleep, .. } = &mut self.state {
+            *asleep = asleep.or(rails);
+        }
+    }
+
+    /// It kicked ours awake: we may announce our next sleep to it again.
+    pub(super) fn heard_kick(&mut self) {
+        if let PeerState::Live { announced, .. } = &mut self.state {
+            *announced = false;
+        }
+    }
+
+    /// Its rails an op of ours may reach: a message its message lane's, a one-sided op any
+    /// of our lanes'.
+    fn reached(&self, one_sided: bool) -> RailSet {
+        match one_sided {
+            false => RailSet::of(self.msg_lane.iter().map(|&l| self.route(l).peer_rail)),
+            true => RailSet::of(self.lanes.iter().map(|r| r.peer_rail)),
         }
     }
 
@@ -215,22 +227,35 @@ impl Reactor {
         if self.t.caps().wait_fd {
             return;
         }
+        let mine = RailSet::of(self.rail_ids.iter().copied());
         for (_, p) in self.peers.iter_mut() {
             if let PeerState::Live { announced: announced @ false, .. } = &mut p.state {
                 *announced = true;
                 // A closed outbox: the peer is being lost anyway.
-                let _ = p.ctl.send(Ctl::Asleep);
+                let _ = p.ctl.send(Ctl::Asleep { rails: mine });
             }
         }
     }
 
-    /// An op for the peer in `slot` needs its progress: if its reactor said it sleeps, wake it.
-    pub(super) fn kick_if_asleep(&mut self, slot: PeerSlot) {
+    /// An op for the peer in `slot` (`one_sided`, else a message) needs its progress: if a
+    /// reactor serving rails the op may reach said it sleeps, wake it. A message reaches the
+    /// peer's message lane alone, so beside an express rail a ping-pong leaves the peer's idle
+    /// bulk reactor asleep (kicking it woke it for a spin window each nap: 88% of a core, and a
+    /// control message on every hundredth ping's path).
+    pub(super) fn kick_if_asleep(&mut self, slot: PeerSlot, one_sided: bool) {
         let Some(p) = self.peers.get_mut(slot) else { return };
-        if let PeerState::Live { asleep: asleep @ true, .. } = &mut p.state {
-            *asleep = false;
+        if matches!(p.state, PeerState::Live { asleep, .. } if asleep.is_empty()) {
+            return;
+        }
+        let reached = p.reached(one_sided);
+        if let PeerState::Live { asleep, .. } = &mut p.state {
+            let due = asleep.and(reached);
+            if due.is_empty() {
+                return;
+            }
+            *asleep = asleep.without(due);
             Counters::add(&self.counters.kicks);
-            let _ = p.ctl.send(Ctl::Kick);
+            let _ = p.ctl.send(Ctl::Kick { rails: due });
         }
     }
 

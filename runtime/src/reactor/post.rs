@@ -93,7 +93,8 @@ impl Reactor {
             if !self.bypasses_scheduler(class, true, seg.len) {
                 return Err(draft);
             }
-            self.kick_if_asleep(peer);
+            let one_sided = matches!(draft.kind, WrKind::Write { .. } | WrKind::Read { .. });
+            self.kick_if_asleep(peer, one_sided);
             self.sched.note_latency();
         }
         Counters::add(&self.counters.submitted);
@@ -151,7 +152,7 @@ impl Reactor {
             self.push_direct(req);
             return;
         }
-        self.kick_if_asleep(req.peer);
+        self.kick_if_asleep(req.peer, matches!(req.kind, WrKind::Write { .. } | WrKind::Read { .. }));
         let req = if req.seg.len > self.sched.config().max_message
             && matches!(req.kind, WrKind::Send { imm: None })
             && req.batch.is_none()

@@ -65,8 +65,10 @@ impl Script {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The transport, with the given largest message and a queue of `depth` requests.
-    pub fn transport(&self, max_msg_size: usize) -> Box<dyn Transport> {
+    /// The transport, with the given largest message. `wait_fd: false` makes it a provider
+    /// that cannot wake a sleeping reactor for its peers' ops (as shm): its reactor announces
+    /// its naps.
+    pub fn transport(&self, max_msg_size: usize, wait_fd: bool) -> Box<dyn Transport> {
         let caps = Caps {
             provider: "scripted".into(),
             max_msg_size,
@@ -75,7 +77,7 @@ impl Script {
             cq_data_size: 8,
             tx_depth: 1024,
             rx_depth: 1024,
-            wait_fd: true,
+            wait_fd,
             silent_refusals: false,
             rails: 1,
             rail_numa: vec![None],

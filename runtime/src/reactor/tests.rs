@@ -13,9 +13,10 @@ use super::scripted::{failure, Answer, Script};
 use super::{Cmd, OpReq, Phase, Reactor};
 use crate::base::control::{Ctl, Pulled, Verdict};
 use crate::base::error::{Error, FailureClass, OpKind};
+use crate::base::lane_map::LaneMap;
 use crate::base::sched::SchedConfig;
 use crate::base::stats::Counters;
-use crate::base::transport::{LaneId, LocalSeg, WrKind};
+use crate::base::transport::{LaneId, LocalSeg, RailId, RailSet, WrKind};
 use crate::reactor::cell::OpCell;
 
 /// A reactor with one peer, over a scripted transport.
@@ -47,13 +48,19 @@ fn rig(sched: SchedConfig, lanes: usize) -> Rig {
 }
 
 fn rig_with(sched: SchedConfig, lanes: usize, max_msg_size: usize) -> Rig {
+    rig_mapped(sched, lanes, max_msg_size, LaneMap::SINGLE, true)
+}
+
+/// A rig whose peer's rails are as `map` says (its lanes reach them as `map.rail_of` places).
+/// `wait_fd: false`: its transport cannot wake it for the peer's ops (as shm).
+fn rig_mapped(sched: SchedConfig, lanes: usize, max_msg_size: usize, map: LaneMap, wait_fd: bool) -> Rig {
     let script = Script::default();
     let (tx, rx) = mpsc::channel();
     let counters = Arc::new(Counters::default());
     let mut sched = sched;
     sched.max_message = max_msg_size;
     let mut r = Reactor::new(
-        script.transport(max_msg_size),
+        script.transport(max_msg_size, wait_fd),
         rx,
         Default::default(),
         counters.clone(),
@@ -70,14 +77,7 @@ fn rig_with(sched: SchedConfig, lanes: usize, max_msg_size: usize) -> Rig {
         .collect();
     let (ctl, told) = unbounded_channel();
     let (reply, got) = mpsc::sync_channel(1);
-    r.handle(Cmd::AddPeer {
-        id: 7,
-        lanes: mine,
-        map: crate::base::lane_map::LaneMap::SINGLE,
-        label: "peer".into(),
-        ctl,
-        reply,
-    });
+    r.handle(Cmd::AddPeer { id: 7, lanes: mine, map, label: "peer".into(), ctl, reply });
     let slot = got.recv().expect("a reply").expect("a peer");
     Rig { r, script, counters, slot, told, now: Instant::now(), mem: vec![0; 1 << 20], tx }
 }
@@ -475,4 +475,42 @@ fn a_cancelled_read_of_an_offered_message_answers_its_sender_once_the_verdict_is
         Some(Err(Error::Transport { source, .. })) => assert_eq!(source.class, FailureClass::Cancelled),
         other => panic!("the receive should fail with its own error, got {other:?}"),
     }
+}
+
+#[test]
+fn a_sleeping_peer_reactor_is_kicked_only_by_ops_that_reach_its_rails() {
+    // The peer has an express rail (its rail 0, our lane 0: messages) and a bulk rail (1).
+    let mut g = rig_mapped(split_config(4), 2, 1 << 20, LaneMap { rails: 2, express: true }, false);
+    let send = |g: &mut Rig| g.submit(OpKind::Send, WrKind::Send { imm: None }, 16);
+    let (express, bulk) = (RailSet::of([RailId(0)]), RailSet::of([RailId(1)]));
+    // Its idle bulk reactor naps.
+    g.r.on_control(g.slot, 7, Ctl::Asleep { rails: bulk });
+    for _ in 0..3 {
+        send(&mut g);
+        g.turns(1);
+    }
+    assert_eq!(g.told(), vec![], "messages reach its express rail alone: nobody is kicked");
+    // A one-sided op may reach the bulk rail: that reactor is kicked, once.
+    g.write(64);
+    g.turns(1);
+    g.write(64);
+    g.turns(1);
+    assert_eq!(g.told(), vec![Ctl::Kick { rails: bulk }]);
+    // Its express reactor naps too: the next message kicks that one.
+    g.r.on_control(g.slot, 7, Ctl::Asleep { rails: express });
+    send(&mut g);
+    g.turns(1);
+    assert_eq!(g.told(), vec![Ctl::Kick { rails: express }]);
+    assert_eq!(g.count(|c| &c.kicks), 2);
+}
+
+#[test]
+fn a_reactor_about_to_sleep_names_its_rails_once_per_kick() {
+    let mut g = rig_mapped(split_config(4), 1, 1 << 20, LaneMap::SINGLE, false);
+    g.r.announce_sleep();
+    g.r.announce_sleep();
+    assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }], "once until kicked");
+    g.r.on_control(g.slot, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
+    g.r.announce_sleep();
+    assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }]);
 }

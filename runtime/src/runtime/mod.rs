@@ -17,7 +17,7 @@ use crate::base::memory::{DeviceMem, DevicePath, Memory};
 use crate::base::refusal::RefusalCounters;
 use crate::base::sched::{Class, TenantId};
 use crate::base::stats::{Counters, Stats};
-use crate::base::transport::{Access, Caps, LaneId, LocalSeg, MemoryRegion, Notify, RailId};
+use crate::base::transport::{Access, Caps, LaneId, LocalSeg, MemoryRegion, Notify, RailId, RailSet};
 use crate::driver::handoff::AwaitSpin;
 use crate::driver::inline::{self, with_held, Slot};
 use crate::driver::lend::Lend;
@@ -763,16 +763,26 @@ impl Runtime {
 
     /// A message the peer (runtime `peer_id`, at `slots`) sent on its control connection, to
     /// the reactor it concerns: an answer to a question goes to the group that asked (named
-    /// in the token's high bits), wake-ups to every group, the rest to the first group (which
-    /// keeps messages and answers questions about our memory).
+    /// in the token's high bits), a peer's sleep to every group (any may post to the rails
+    /// it names), a kick to the groups serving the rails it names, the rest to the first
+    /// group (which keeps messages and answers questions about our memory).
     pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl) {
         let to = match &msg {
-            Ctl::Asleep | Ctl::Kick if slots.by_group.len() > 1 => {
+            Ctl::Asleep { .. } if slots.by_group.len() > 1 => {
                 return self.each_slot(&slots.by_group, |slot| Cmd::Control {
                     slot,
                     peer_id,
                     msg: msg.clone(),
                 });
+            }
+            Ctl::Kick { rails } if slots.by_group.len() > 1 => {
+                for (group, slot) in self.inner.groups.iter().zip(&slots.by_group) {
+                    let mine = rails.and(RailSet::of(group.rails.iter().copied()));
+                    if let (Some(slot), false) = (*slot, mine.is_empty()) {
+                        let _ = group.send(Cmd::Control { slot, peer_id, msg: Ctl::Kick { rails: mine } });
+                    }
+                }
+                return;
             }
             Ctl::Verdict { token, .. } => GroupId((*token >> crate::reactor::TOKEN_GROUP_SHIFT) as usize),
             _ => GroupId::FIRST,
