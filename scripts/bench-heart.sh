@@ -93,6 +93,20 @@ print("|---|---|---|---|")
 for t in table:
     v = "failed" if t["value"] is None else f'{t["value"]:.3f}'
     print(f'| {t["figure"]} | {v} | {t["goal"]} | {t["holds"]} |')
+# What it cost: cores busy per side, and CPU-seconds per GB of bulk (mixed), from the same runs.
+print()
+print("| run | client cores | server cores | client CPU-s/GB bulk (alone / beside pings) | server CPU-s/GB bulk |")
+print("|---|---|---|---|---|")
+for name, r in runs.items():
+    if not r or r.get("bench") not in ("mixed", "lat"):
+        continue
+    f = lambda k, d=2: "" if r.get(k) is None else f"{r[k]:.{d}f}"
+    if r["bench"] == "mixed":
+        print(f'| {name} | {f("mixed_cores")} | {f("server_cores")} | {f("bulk_alone_cpu_s_per_gb", 3)} / {f("bulk_mixed_cpu_s_per_gb", 3)} | {f("server_cpu_s_per_gb", 3)} |')
+    else:
+        cores_c = "" if r.get("cpu_pct") is None else f'{r["cpu_pct"] / 100:.2f}'
+        cores_s = "" if r.get("server_cpu_pct") is None else f'{r["server_cpu_pct"] / 100:.2f}'
+        print(f"| {name} | {cores_c} | {cores_s} | | |")
 # A bar per figure: its value over its goal (1.0 = at the goal; green where it holds).
 W, row, left = 760, 18, 260
 shown = [t for t in table if t["value"] is not None]

@@ -119,6 +119,14 @@ impl CpuMeter {
         let wall = self.1.elapsed().as_secs_f64().max(1e-9);
         100.0 * (cpu_seconds() - self.0) / wall
     }
+    /// CPU seconds this process used since the start (every thread of it).
+    pub fn secs(&self) -> f64 {
+        cpu_seconds() - self.0
+    }
+    /// Wall seconds since the start.
+    pub fn wall(&self) -> f64 {
+        self.1.elapsed().as_secs_f64()
+    }
 }
 
 /// A tokio runtime for the control plane (handshakes, peer liveness).

@@ -50,17 +50,26 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
     let mut hist = Histogram::<u64>::new(3)?;
     // The client's lent-reactor counts (see `Stats::task_holds`), where it has one.
     let mut lend = [0u64; 3];
+    // Wake-ups the client sent its peer's sleeping reactors (see `Stats::kicks`).
+    let mut kicks = 0;
+    // The client's cores busy over its measured side (every thread: reactors, spinning tasks).
+    let mut cpu_pct = f64::NAN;
     let (provider, server_cpu) = with_server("lat", a, |addr| match a.engine {
         Engine::Runtime => {
             let mut c = RtConn::client(a, addr)?;
+            let cpu = CpuMeter::start();
             rt_side(&mut c, a, true, Some(&mut hist))?;
+            cpu_pct = cpu.pct();
             let st = c.rt.stats();
             lend = [st.task_holds, st.task_asks, st.thread_retakes];
+            kicks = st.kicks;
             Ok(c.rt.provider().to_string())
         }
         Engine::Raw => {
             let mut c = RawConn::client(a, addr)?;
+            let cpu = CpuMeter::start();
             raw_side(&mut c, a, true, Some(&mut hist))?;
+            cpu_pct = cpu.pct();
             Ok(c.eng.caps().provider.clone())
         }
     })?;
@@ -85,10 +94,12 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
             ("p99_us", Val::F(us(0.99))),
             ("p999_us", Val::F(us(0.999))),
             ("mean_us", Val::F(hist.mean() / 1000.0)),
+            ("cpu_pct", Val::F(cpu_pct)),
             ("server_cpu_pct", Val::F(server_cpu.unwrap_or(f64::NAN))),
             ("task_holds", Val::I(lend[0])),
             ("task_asks", Val::I(lend[1])),
             ("thread_retakes", Val::I(lend[2])),
+            ("kicks", Val::I(kicks)),
         ],
     );
     Ok(())

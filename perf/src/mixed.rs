@@ -145,10 +145,26 @@ async fn yield_once() {
     .await
 }
 
+/// The client's CPU over one phase: cores busy (every thread of the process), and CPU-seconds
+/// per GB of bulk written in it.
+struct PhaseCpu {
+    cores: f64,
+    s_per_gb: f64,
+}
+
+impl PhaseCpu {
+    fn of(m: &CpuMeter, bulk_bytes: u64) -> PhaseCpu {
+        let secs = m.secs();
+        PhaseCpu { cores: secs / m.wall().max(1e-9), s_per_gb: secs / (bulk_bytes as f64 / 1e9).max(1e-9) }
+    }
+}
+
 /// What a bulk stream got: its rate, and each write's time from submission to completion.
 pub struct Streamed {
     /// Bytes written per second.
     pub bps: f64,
+    /// Bytes written.
+    pub bytes: u64,
     /// Per-write latency in ns.
     pub lat: Histogram<u64>,
 }
@@ -195,7 +211,7 @@ pub async fn stream(
         bytes += b.len();
         free.push(b);
     }
-    Ok(Streamed { bps: bytes as f64 / start.elapsed().as_secs_f64(), lat })
+    Ok(Streamed { bps: bytes as f64 / start.elapsed().as_secs_f64(), bytes: bytes as u64, lat })
 }
 
 pub fn run(m: &Mixed) -> Result<(), BoxErr> {
@@ -225,8 +241,10 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let never = AtomicBool::new(false);
     let until = Instant::now() + std::time::Duration::from_secs_f64(m.secs);
     let bulk = stream(&rt, &ep, &remote, m, 0, &never, Some(until));
+    let phase = CpuMeter::start();
     let ((), bulk_alone) = beside(&rt, layout, async {}, bulk);
     let bulk_alone = bulk_alone?;
+    let cpu_alone = PhaseCpu::of(&phase, bulk_alone.bytes);
     let stop = AtomicBool::new(false);
     let pings = async {
         let h = async {
@@ -240,8 +258,10 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
         h
     };
     let bulk = stream(&rt, &ep, &remote, m, 0, &stop, None);
+    let phase = CpuMeter::start();
     let (mixed, bulk_mixed) = beside(&rt, layout, pings, bulk);
     let (mixed, bulk_mixed) = (mixed?, bulk_mixed?);
+    let cpu_mixed = PhaseCpu::of(&phase, bulk_mixed.bytes);
     rt.block_on(async {
         let mut s = rt.alloc(1)?;
         s[0] = 0;
@@ -249,11 +269,16 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
         Ok::<_, BoxErr>(())
     })?;
     let cpu_pct = cpu.pct();
+    let wall = cpu.wall();
     drop(ep);
     let server_cpu = match child {
         Some(c) => c.finish()?,
         None => f64::NAN,
     };
+    // The server reports its share over the whole session (pings alone included), so its CPU
+    // per GB is over all the bulk bytes it took: an upper bound on what the bulk cost it.
+    let bulk_gb = (bulk_alone.bytes + bulk_mixed.bytes) as f64 / 1e9;
+    let server_cpu_s_per_gb = server_cpu / 100.0 * wall / bulk_gb.max(1e-9);
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let gbps = |bps: f64| bps * 8.0 / 1e9;
     if let Some(path) = &a.svg {
@@ -300,6 +325,12 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
             ("layout", Val::S(format!("{layout:?}").to_lowercase())),
             ("cpu_pct", Val::F(cpu_pct)),
             ("server_cpu_pct", Val::F(server_cpu)),
+            ("bulk_alone_cores", Val::F(cpu_alone.cores)),
+            ("bulk_alone_cpu_s_per_gb", Val::F(cpu_alone.s_per_gb)),
+            ("mixed_cores", Val::F(cpu_mixed.cores)),
+            ("bulk_mixed_cpu_s_per_gb", Val::F(cpu_mixed.s_per_gb)),
+            ("server_cores", Val::F(server_cpu / 100.0)),
+            ("server_cpu_s_per_gb", Val::F(server_cpu_s_per_gb)),
         ],
     );
     Ok(())
