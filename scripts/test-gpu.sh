@@ -91,6 +91,7 @@ run)
     fi
     [ $lib = native ] && bench "$lib-bw-cuda-raw-65536" bw --provider shm --memory cuda --engine raw --size 65536 --iters 20000 --window 16
     bench "$lib-bw-cuda-65536" bw --provider shm --memory cuda --size 65536 --iters 20000 --window 16
+    bench "$lib-bw-host-65536" bw --provider shm --size 65536 --iters 20000 --window 16
   done
   # Everything in one file (the device tool brings back a few files only).
   tar -C "$out" -czf /tmp/gpu-out.tgz --exclude=gpu-out.tgz . && mv /tmp/gpu-out.tgz "$out/gpu-out.tgz"
