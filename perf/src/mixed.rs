@@ -80,20 +80,25 @@ pub fn serve(m: &Mixed, conns: usize) -> Result<(), BoxErr> {
     )
 }
 
-/// Send the bulk target's descriptor, then answer pings until the 1-byte stop.
+/// Send the bulk target's descriptor, then answer pings until the 1-byte stop. As `lat`'s
+/// server: two receives stay posted (this ping's and the next's), and a ping's buffer is
+/// posted again after the answer, off the round trip's path.
 async fn echo(rt: &Runtime, ep: &Endpoint, desc: RemoteBuf) -> Result<(), BoxErr> {
-    let mut next = ep.recv(rt.alloc(PING)?).start();
+    let mut posted = std::collections::VecDeque::new();
+    for _ in 0..2 {
+        posted.push_back(ep.recv(rt.alloc(PING)?).start());
+    }
     ep.send_descriptor(&desc).await?;
     let mut out = rt.alloc(PING)?;
     loop {
-        let (n, b) = next.await;
+        let (n, b) = posted.pop_front().expect("a receive is posted").await;
         if n? == 1 {
             return Ok(());
         }
-        next = ep.recv(b).start();
         let (r, o) = ep.send(out).await;
         r?;
         out = o;
+        posted.push_back(ep.recv(b).start());
     }
 }
 
