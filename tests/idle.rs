@@ -110,8 +110,10 @@ fn a_peer_asleep_on_a_provider_that_cannot_wake_it_is_kicked_for_our_ops() {
             let remote = share(&ba, &ab, target.descriptor()).await;
             for round in 0..3u8 {
                 let recv = ba.recv(b.alloc(64).unwrap()).start();
-                // Long enough for both reactors to fall asleep (50 µs of spinning, then naps).
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Long enough for both reactors to fall asleep (200 µs of spinning, then naps),
+                // and for the target's naps to grow past their short bound of the first 100 ms
+                // after it said it sleeps: only the kick wakes it now.
+                tokio::time::sleep(Duration::from_millis(300)).await;
                 let t0 = Instant::now();
                 let mut src = a.alloc(64).unwrap();
                 src.fill(round + 1);

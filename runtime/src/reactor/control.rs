@@ -18,6 +18,13 @@ use crate::base::transport::{WrId, WrKind};
 /// spell: one served keeps the reactor polling (`Reactor::peers_served`).
 const SERVING_NAP: Duration = Duration::from_millis(2);
 
+/// How long after telling its peers it sleeps a serving reactor keeps its naps short. An op a
+/// peer posted before our `Asleep` reached it comes with no kick, and waits out a nap; once the
+/// peer has heard (a control message's way, far less than this), its ops kick us awake, and
+/// the naps may grow to the idle policy's longest (each wake of a napping thread costs about
+/// half a percent of a core at 2 ms naps in a VM, so two serving reactors idled at 2-3%).
+const SERVING_WINDOW: Duration = Duration::from_millis(100);
+
 impl Reactor {
     pub(super) fn tell(&self, slot: PeerSlot, msg: Ctl) {
         if let Some(p) = self.peers.get(slot) {
@@ -109,9 +116,12 @@ impl Reactor {
 
     /// A bound on the idle reactor's naps: where one-sided ops are checked (and so served) by
     /// the target's progress, while this runtime exposes memory (regions, or a large message a
-    /// peer is reading), peers' ops must not wait out a long nap.
+    /// peer is reading), peers' ops posted before they heard we sleep must not wait out a long
+    /// nap (`SERVING_WINDOW`).
     pub(crate) fn longest_nap(&self) -> Option<Duration> {
-        (self.silent_refusals && (self.audit.exposes() || self.rndv.open())).then_some(SERVING_NAP)
+        let serving = self.silent_refusals && (self.audit.exposes() || self.rndv.open());
+        let fresh = self.announced_at.is_some_and(|t| self.now.saturating_duration_since(t) < SERVING_WINDOW);
+        (serving && fresh).then_some(SERVING_NAP)
     }
 
     /// On a transport whose refusals are silent: ask about the one-sided ops that were in flight

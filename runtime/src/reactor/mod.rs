@@ -136,6 +136,8 @@ pub(crate) struct Reactor {
     phase: Phase,
     /// The time of the current turn (passed in, so that tests run on virtual time).
     now: Instant,
+    /// When this reactor last told a peer it sleeps (`announce_sleep`).
+    announced_at: Option<Instant>,
     /// How long a peer's answer on the control connection may take (a verdict, the offer that
     /// follows a marker) before we give up on it: `PATIENCE_MIN`, or twice the peer timeout
     /// where that is longer (each control write may take up to a peer timeout).
@@ -197,6 +199,7 @@ impl Reactor {
             silent_refusals: t.caps().silent_refusals,
             phase: Phase::Running,
             now: Instant::now(),
+            announced_at: None,
             patience: PATIENCE_MIN,
             counters,
             idle,

@@ -228,20 +228,25 @@ impl Reactor {
             return;
         }
         let mine = RailSet::of(self.rail_ids.iter().copied());
+        let mut told = false;
         for (_, p) in self.peers.iter_mut() {
             if let PeerState::Live { announced: announced @ false, .. } = &mut p.state {
                 *announced = true;
                 // A closed outbox: the peer is being lost anyway.
                 let _ = p.ctl.send(Ctl::Asleep { rails: mine });
+                told = true;
             }
+        }
+        if told {
+            self.announced_at = Some(self.now);
         }
     }
 
     /// An op for the peer in `slot` (`one_sided`, else a message) needs its progress: if a
     /// reactor serving rails the op may reach said it sleeps, wake it. A message reaches the
     /// peer's message lane alone, so beside an express rail a ping-pong leaves the peer's idle
-    /// bulk reactor asleep (kicking it woke it for a spin window each nap: 88% of a core, and a
-    /// control message on every hundredth ping's path).
+    /// bulk reactor asleep (kicking it woke it for a spin window each nap: 87% of a core, and a
+    /// control message on the path of each ping that kicked it).
     pub(super) fn kick_if_asleep(&mut self, slot: PeerSlot, one_sided: bool) {
         let Some(p) = self.peers.get_mut(slot) else { return };
         if matches!(p.state, PeerState::Live { asleep, .. } if asleep.is_empty()) {
