@@ -37,15 +37,8 @@ run)
   mkdir -p "$out"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
   # libfabric 2.1 with CUDA, built here in under a minute.
-  lf=/tmp/lf2
-  if [ ! -x "$lf/bin/fi_info" ]; then
-    rm -rf /tmp/lf2-src && mkdir -p /tmp/lf2-src
-    tar -xf .gpu/libfabric-src.tar.xz -C /tmp/lf2-src
-    (cd /tmp/lf2-src && ./configure -q --prefix="$lf" --with-cuda=/usr/local/cuda --enable-cuda-dlopen \
-      --enable-shm --enable-tcp --enable-rxm --disable-verbs --disable-efa --disable-psm2 --disable-psm3 \
-      --disable-opx --disable-usnic --disable-ucx --disable-lpp --disable-cxi >"$out/lf2-configure.log" 2>&1 &&
-      make -j"$(nproc)" install >"$out/lf2-make.log" 2>&1)
-  fi
+  source scripts/lib/lf2-cuda.sh
+  lf2_cuda "$out"
   LD_LIBRARY_PATH=$lf/lib "$lf/bin/fi_info" -p shm -c FI_HMEM | head -3 | tee "$out/fi_info_hmem.txt"
   grep -q "provider: shm" "$out/fi_info_hmem.txt" || { echo "test-gpu: libfabric 2.1 lists no shm with FI_HMEM" >&2; exit 1; }
   fail=0

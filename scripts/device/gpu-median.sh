@@ -4,14 +4,8 @@
 # (default layout, express rail off, thread driver) and `bw`: the rounds the GPU chapter's
 # medians come from (single runs at 64 KiB swing more than the gap they measure).
 cd "$(dirname "$0")/../.."
-lf=/tmp/lf2
-if [ ! -x "$lf/bin/fi_info" ]; then
-  rm -rf /tmp/lf2-src && mkdir -p /tmp/lf2-src && tar -xf .gpu/libfabric-src.tar.xz -C /tmp/lf2-src
-  (cd /tmp/lf2-src && ./configure -q --prefix="$lf" --with-cuda=/usr/local/cuda --enable-cuda-dlopen \
-    --enable-shm --enable-tcp --enable-rxm --disable-verbs --disable-efa --disable-psm2 --disable-psm3 \
-    --disable-opx --disable-usnic --disable-ucx --disable-lpp --disable-cxi >/dev/null 2>&1 &&
-    make -j"$(nproc)" install >/dev/null 2>&1)
-fi
+source scripts/lib/lf2-cuda.sh
+lf2_cuda
 export LD_LIBRARY_PATH=$lf/lib RDMALANE_DEVICE_MEMORY=native
 P=.gpu/rdmalane-perf
 g() { timeout 100 $P "$@" --json 2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["gbps"])' || echo 0; }

@@ -3,14 +3,8 @@
 # in a few shapes, beside the raw engine's 64 KiB writes, on both paths: the staging path on the
 # machine's libfabric, the FI_HMEM path on libfabric 2.1 built with CUDA (as test-gpu.sh builds it).
 cd "$(dirname "$0")/../.."
-lf=/tmp/lf2
-if [ ! -x "$lf/bin/fi_info" ]; then
-  rm -rf /tmp/lf2-src && mkdir -p /tmp/lf2-src && tar -xf .gpu/libfabric-src.tar.xz -C /tmp/lf2-src
-  (cd /tmp/lf2-src && ./configure -q --prefix="$lf" --with-cuda=/usr/local/cuda --enable-cuda-dlopen \
-    --enable-shm --enable-tcp --enable-rxm --disable-verbs --disable-efa --disable-psm2 --disable-psm3 \
-    --disable-opx --disable-usnic --disable-ucx --disable-lpp --disable-cxi >/dev/null 2>&1 &&
-    make -j"$(nproc)" install >/dev/null 2>&1)
-fi
+source scripts/lib/lf2-cuda.sh
+lf2_cuda
 j() { python3 -c 'import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(" ".join(f"{k}={d[k]:.1f}" if isinstance(d[k],float) else f"{k}={d[k]}" for k in sys.argv[1:] if k in d))' "$@"; }
 run() { local label=$1; shift; printf "%-34s " "$label"; timeout 120 .gpu/rdmalane-perf "$@" --json 2>/dev/null | j gbps path cpu_pct server_cpu_pct || echo fail; }
 T=4294967296
