@@ -183,80 +183,83 @@ impl ImmQueue {
     }
 }
 
-/// Resolves to the next immediate event (see `Runtime::next_imm`).
-pub struct NextImm {
+/// A future's hold on the queue: where it is parked, if it is. Dropping it leaves the list.
+struct Waiting {
     q: Arc<ImmQueue>,
     parked: Option<WaiterId>,
 }
 
-impl NextImm {
-    pub(crate) fn new(q: Arc<ImmQueue>) -> Self {
-        NextImm { q, parked: None }
+impl Waiting {
+    fn new(q: Arc<ImmQueue>) -> Self {
+        Waiting { q, parked: None }
     }
-}
 
-impl Future for NextImm {
-    type Output = ImmEvent;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ImmEvent> {
-        let this = &mut *self;
-        let mut s = this.q.lock();
-        match s.pop() {
-            Some(e) => {
-                s.unpark(this.parked.take());
-                Poll::Ready(e)
+    /// `take` what the future waits for; where nothing is there yet, park until `want` is met.
+    fn poll<T>(
+        &mut self,
+        want: Want,
+        cx: &Context<'_>,
+        take: impl FnOnce(&mut State) -> Option<T>,
+    ) -> Poll<T> {
+        let mut s = self.q.lock();
+        match take(&mut s) {
+            Some(v) => {
+                s.unpark(self.parked.take());
+                Poll::Ready(v)
             }
             None => {
-                this.parked = Some(s.park(this.parked, Want::Any, cx.waker()));
+                self.parked = Some(s.park(self.parked, want, cx.waker()));
                 Poll::Pending
             }
         }
     }
 }
 
-impl Drop for NextImm {
+impl Drop for Waiting {
     fn drop(&mut self) {
         if self.parked.is_some() {
             self.q.lock().unpark(self.parked.take());
         }
+    }
+}
+
+/// Resolves to the next immediate event (see `Runtime::next_imm`).
+pub struct NextImm {
+    w: Waiting,
+}
+
+impl NextImm {
+    pub(crate) fn new(q: Arc<ImmQueue>) -> Self {
+        NextImm { w: Waiting::new(q) }
+    }
+}
+
+impl Future for NextImm {
+    type Output = ImmEvent;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ImmEvent> {
+        self.w.poll(Want::Any, cx, State::pop)
     }
 }
 
 /// Resolves once `n` events carrying one value have arrived, and takes them (see
 /// `Runtime::wait_imm`). Dropping it takes nothing.
 pub struct WaitImm {
-    q: Arc<ImmQueue>,
+    w: Waiting,
     tag: u64,
     n: u64,
-    parked: Option<WaiterId>,
 }
 
 impl WaitImm {
     pub(crate) fn new(q: Arc<ImmQueue>, tag: u64, n: u64) -> Self {
-        WaitImm { q, tag, n, parked: None }
+        WaitImm { w: Waiting::new(q), tag, n }
     }
 }
 
 impl Future for WaitImm {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = &mut *self;
-        let mut s = this.q.lock();
-        if s.take_counted(this.tag, this.n) {
-            s.unpark(this.parked.take());
-            Poll::Ready(())
-        } else {
-            let want = Want::Count { tag: this.tag, n: this.n };
-            this.parked = Some(s.park(this.parked, want, cx.waker()));
-            Poll::Pending
-        }
-    }
-}
-
-impl Drop for WaitImm {
-    fn drop(&mut self) {
-        if self.parked.is_some() {
-            self.q.lock().unpark(self.parked.take());
-        }
+        let (tag, n) = (self.tag, self.n);
+        self.w.poll(Want::Count { tag, n }, cx, |s| s.take_counted(tag, n).then_some(()))
     }
 }
 

@@ -39,13 +39,16 @@ pub(crate) struct RailId(pub(crate) usize);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct RailSet(pub(crate) u32);
 
+// A rail set is a bit per rail.
+const _: () = assert!(crate::base::MAX_RAILS <= u32::BITS as usize);
+
 impl RailSet {
     /// No rail.
     pub(crate) const EMPTY: RailSet = RailSet(0);
 
     /// The set of `rails` (ids of `MAX_RAILS` or more are left out).
     pub(crate) fn of(rails: impl IntoIterator<Item = RailId>) -> RailSet {
-        RailSet(rails.into_iter().filter(|r| r.0 < 32).fold(0, |m, r| m | 1 << r.0))
+        RailSet(rails.into_iter().filter(|r| r.0 < crate::base::MAX_RAILS).fold(0, |m, r| m | 1 << r.0))
     }
 
     /// Whether it holds no rail.
