@@ -49,7 +49,10 @@ impl Reactor {
             Ctl::Asleep { rails } => self.peers[slot].heard_asleep(rails),
             // The command that brought it woke us: we may announce our next sleep to it again.
             Ctl::Kick { .. } => self.peers[slot].heard_kick(),
-            Ctl::Check { .. } => self.audit.on_check(slot, msg, self.now, &mut out),
+            Ctl::Check { .. } => {
+                let now = self.now();
+                self.audit.on_check(slot, msg, now, &mut out)
+            }
             Ctl::Verdict { token, verdict } => {
                 self.audit.on_verdict(slot, token, verdict, self.silent_refusals, &mut out)
             }
@@ -66,8 +69,9 @@ impl Reactor {
             return;
         }
         let mut out = Outbox::new();
+        let now = self.now();
         let q = Question { id: f.id, slot: f.peer, op: f.op, kind, len, cell: &f.cell };
-        self.audit.ask(q, self.now, &mut out);
+        self.audit.ask(q, now, &mut out);
         self.apply(out);
     }
 
@@ -82,8 +86,9 @@ impl Reactor {
         let label = p.label.clone();
         let peer = PeerRef { slot: f.peer, id: p.id, label: &label };
         let running = self.phase == Phase::Running;
+        let now = self.now();
         let mut out = Outbox::new();
-        self.rndv.marker_arrived(peer, token, f.cell, f.seg, self.now, running, &mut out);
+        self.rndv.marker_arrived(peer, token, f.cell, f.seg, now, running, &mut out);
         self.apply(out);
     }
 
@@ -92,10 +97,12 @@ impl Reactor {
     pub(super) fn expire_waits(&mut self) {
         let mut out = Outbox::new();
         if !self.audit.idle() {
-            self.audit.expire(self.now, self.patience, &mut out);
+            let now = self.now();
+            self.audit.expire(now, self.patience, &mut out);
         }
         if self.rndv.markers_waiting() {
-            self.rndv.expire(self.now, self.patience, &mut out);
+            let now = self.now();
+            self.rndv.expire(now, self.patience, &mut out);
         }
         self.apply(out);
     }
@@ -118,16 +125,17 @@ impl Reactor {
     /// the target's progress, while this runtime exposes memory (regions, or a large message a
     /// peer is reading), peers' ops posted before they heard we sleep must not wait out a long
     /// nap (`SERVING_WINDOW`).
-    pub(crate) fn longest_nap(&self) -> Option<Duration> {
+    pub(crate) fn longest_nap(&mut self) -> Option<Duration> {
         let serving = self.silent_refusals && (self.audit.exposes() || self.rndv.open());
-        let fresh = self.announced_at.is_some_and(|t| self.now.saturating_duration_since(t) < SERVING_WINDOW);
-        (serving && fresh).then_some(SERVING_NAP)
+        let at = self.announced_at.filter(|_| serving)?;
+        (self.now().saturating_duration_since(at) < SERVING_WINDOW).then_some(SERVING_NAP)
     }
 
     /// On a transport whose refusals are silent: ask about the one-sided ops that were in flight
     /// at the previous look already (at least `audit::SILENT_AFTER` ago).
     pub(super) fn sweep_silent(&mut self) {
-        let Some(since) = self.audit.sweep_due(self.now, self.generation) else {
+        let now = self.now();
+        let Some(since) = self.audit.sweep_due(now, self.generation) else {
             return;
         };
         let silent: Vec<usize> = self
@@ -143,7 +151,7 @@ impl Reactor {
             let f = &self.inflight[k];
             let q = Question { id: f.id, slot: f.peer, op: f.op, kind: f.kind, len: f.len(), cell: &f.cell };
             if self.peers.get(f.peer).is_some_and(|p| p.lost().is_none()) {
-                self.audit.ask(q, self.now, &mut out);
+                self.audit.ask(q, now, &mut out);
             }
         }
         self.apply(out);

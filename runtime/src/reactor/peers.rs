@@ -238,7 +238,7 @@ impl Reactor {
             }
         }
         if told {
-            self.announced_at = Some(self.now);
+            self.announced_at = Some(self.now());
         }
     }
 

@@ -71,6 +71,7 @@ impl Reactor {
     /// One step of a shutdown at time `now` (begun now if it was not); true once stopped.
     pub(crate) fn shutdown_step(&mut self, now: Instant) -> bool {
         self.now = now;
+        self.now_read = true;
         match self.phase {
             Phase::Running => {
                 self.begin_shutdown(now);
