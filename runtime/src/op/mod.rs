@@ -142,29 +142,32 @@ impl<B: IoBuf> Op<B> {
             return;
         }
         let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return };
-        // Moved out, not cloned: each Arc clone and drop is an atomic on the hot path.
-        if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
-            let spin = rt.await_spin_for(draft.class, seg.len);
-            // A spinning op's task posts it itself where the reactor thread lends its reactor:
-            // held here, the paths below post it at once.
-            if let Some(l) = lease {
-                l.hold(false);
+        let Inner::Unsubmitted(rt, draft) = &self.inner else { return };
+        let spin = rt.await_spin_for(draft.class, seg.len);
+        // A spinning op's task posts it itself where the reactor thread lends its reactor:
+        // held here, the paths below post it at once.
+        if let Some(l) = lease {
+            l.hold(false);
+        }
+        // On the thread holding the reactor, an op it would post straight away is posted now,
+        // with no cell unless it stays in flight (a small send usually finishes as it is
+        // posted). The draft stays where it is meanwhile: moving the op's state out and back
+        // costs more than the post (stores of its fields, read back whole at once, stall).
+        // Nothing runs between the post and setting the state below that could unwind: a turn,
+        // which may wake other ops, comes after (`outcome`).
+        match rt.post_at_once(draft, seg) {
+            Some(AtOnce::Finished(res)) => {
+                self.inner = Inner::Ready(Some(res.map(|d| d.len).map_err(Box::new)));
+                return;
             }
-            // On the thread holding the reactor, an op it would post straight away is posted
-            // now, with no cell unless it stays in flight (a small send usually finishes as it
-            // is posted). Nothing runs between the post and setting the state below that could
-            // unwind: a turn, which may wake other ops, comes after (`outcome`).
-            let draft = match rt.post_at_once(draft, seg) {
-                Ok(AtOnce::Finished(res)) => {
-                    self.inner = Inner::Ready(Some(res.map(|d| d.len).map_err(Box::new)));
-                    return;
-                }
-                Ok(AtOnce::InFlight(cell)) => {
-                    self.inner = Inner::Pending(rt.id(), cell, spin, None);
-                    return;
-                }
-                Err(draft) => draft,
-            };
+            Some(AtOnce::InFlight(cell)) => {
+                let id = rt.id();
+                self.inner = Inner::Pending(id, cell, spin, None);
+                return;
+            }
+            None => {}
+        }
+        if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
             // Pending before the reactor sees it: should anything in `submit` (another op's
             // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
             let cell = OpCell::new();
@@ -281,9 +284,12 @@ impl<B: IoBuf> Op<B> {
                 Poll::Pending => return Poll::Pending,
             },
         };
-        // Let go of the cell now: the op is over.
-        if let Inner::Pending(_, cell, ..) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
-            OpCell::recycle(cell);
+        // Let go of the cell now: the op is over. (Looked at before it is moved out: an op
+        // that finished as it was posted has none, and is left as it is.)
+        if matches!(self.inner, Inner::Pending(..)) {
+            if let Inner::Pending(_, cell, ..) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
+                OpCell::recycle(cell);
+            }
         }
         if let Some(l) = lease {
             l.release(true);

@@ -77,21 +77,22 @@ impl Reactor {
     /// small latency op while the scheduler holds nothing), with nothing queued ahead of it:
     /// posted now, and given a cell only if it stays in flight. A small send the provider
     /// copies as it posts (shm's and tcp's inject) then finishes with no cell made, no
-    /// reference count touched, on a ping-pong's reply path. Any other op comes back, for
-    /// `submit_now`.
-    pub(crate) fn post_at_once(&mut self, draft: Draft, seg: LocalSeg) -> Result<AtOnce, Draft> {
+    /// reference count touched, on a ping-pong's reply path. `None` for any other op, which
+    /// goes to `submit_now`. (The draft is only looked at: the op's future keeps it, so the
+    /// common path moves no request around.)
+    pub(crate) fn post_at_once(&mut self, draft: &Draft, seg: LocalSeg) -> Option<AtOnce> {
         self.take_commands();
         let peer = draft.peer;
         let live = self.phase == Phase::Running
             && self.peers.get(peer).is_some_and(|p| p.id == draft.peer_id && p.lost().is_none());
         if !live || !self.direct.is_empty() || draft.batch.is_some() {
-            return Err(draft);
+            return None;
         }
         if !matches!(draft.kind, WrKind::Recv) {
             let class = draft.class.unwrap_or_else(|| self.sched.config().default_class(seg.len));
             // (Not above the largest message either: no rendezvous.)
             if !self.bypasses_scheduler(class, true, seg.len) {
-                return Err(draft);
+                return None;
             }
             let one_sided = matches!(draft.kind, WrKind::Write { .. } | WrKind::Read { .. });
             self.kick_if_asleep(peer, one_sided);
@@ -100,7 +101,7 @@ impl Reactor {
         Counters::add(&self.counters.submitted);
         let (id, posted) = self.post_whole(peer, draft.kind, seg);
         let (op, kind) = (draft.op, draft.kind);
-        Ok(match posted {
+        Some(match posted {
             Ok(Posted::Completed) => {
                 AtOnce::Finished(count_outcome(&self.counters, Ok(Done { len: seg.len, imm: None })))
             }
@@ -110,8 +111,9 @@ impl Reactor {
                 AtOnce::InFlight(cell)
             }
             Err(PostError::Again) => {
+                // A full provider queue (rare): the op waits in the direct queue, whole.
                 let cell = OpCell::new();
-                self.direct.push_back(draft.into_req(seg, cell.clone()));
+                self.direct.push_back(draft.clone().into_req(seg, cell.clone()));
                 AtOnce::InFlight(cell)
             }
             Err(PostError::Failed(e)) => {

@@ -445,20 +445,20 @@ impl Runtime {
 
     /// On the thread whose inline `block_on` holds this runtime's reactor: post `draft` over
     /// `seg` now if the reactor would post it straight away (see `Reactor::post_at_once`).
-    /// The draft comes back anywhere else, for [`submit`](Self::submit).
+    /// `None` anywhere else, for [`submit`](Self::submit).
     /// With an express rail the held reactor is the first group's, which takes what it would
-    /// post at once (the latency class, whole); bulk ops come back, for the other groups.
-    pub(crate) fn post_at_once(&self, draft: Draft, mut seg: LocalSeg) -> Result<AtOnce, Draft> {
+    /// post at once (the latency class, whole); bulk ops are left to the other groups.
+    pub(crate) fn post_at_once(&self, draft: &Draft, mut seg: LocalSeg) -> Option<AtOnce> {
         let inner = &self.inner;
         if (inner.inline.is_none() && inner.lend.is_none())
             || inner.groups[0].idle.shutdown.load(Ordering::Acquire)
         {
-            return Err(draft);
+            return None;
         }
         if inner.groups.len() > 1 {
             seg.desc = self.group_desc(seg.desc, GroupId::FIRST);
         }
-        with_held(inner.id, draft, |r, draft| r.post_at_once(draft, seg)).unwrap_or_else(Err)
+        with_held(inner.id, (), |r, ()| r.post_at_once(draft, seg)).ok().flatten()
     }
 
     /// Run a control command on the first group's reactor and wait for its reply.
