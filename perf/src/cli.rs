@@ -79,7 +79,7 @@ pub struct Mixed {
     /// Bulk writes in flight.
     #[arg(long, default_value_t = 8)]
     pub bulk_window: usize,
-    /// Seconds of bulk alone (and per tenant run).
+    /// Seconds of bulk alone, and at least as long beside the pings (and per tenant run).
     #[arg(long, default_value_t = 2.0)]
     pub secs: f64,
     /// How the ping-pong and the stream share threads beside each other.
