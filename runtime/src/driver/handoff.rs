@@ -13,9 +13,14 @@
 //! An op that spins to its outcome never makes its task wait, so a loop of them (a ping-pong
 //! joined with a bulk stream in one task) would run without end inside one poll, starving what
 //! it is joined with: measured on shm, the stream beside such a loop fell from 51 to 6 Gb/s.
-//! So of [`RUN_MAX`] outcomes in a row reached by spinning, with no wait in between, the last
-//! yields once instead of being taken (it wakes its task and returns pending, its outcome kept
-//! in the cell for the next poll), as tokio's cooperative budget makes its own resources yield.
+//! So once a run of outcomes reached by spinning, with no wait in between, has lasted
+//! [`RUN_SPAN`], the next yields once instead of being taken (it wakes its task and returns
+//! pending, its outcome kept in the cell for the next poll), as tokio's cooperative budget
+//! makes its own resources yield. The run is bounded in time, not in outcomes: what it starves
+//! waits for a time, and a yield is dear (the task's trip through its executor, and the lent
+//! reactor put back and taken again). Every 4th outcome, as it was, cost a receive loop over
+//! the null transport 100 to 180 ns an op (`op_overhead`, thread driver), and a shm ping-pong
+//! about a tenth of a microsecond of its p50 in one of two A/B calls on 16 cores.
 //! A hit resets the back-off, so where a task's spins alternate between hits and misses (a
 //! receive polled before the send it answers can go out) each round may spin its whole budget.
 use std::cell::Cell;
@@ -28,11 +33,16 @@ use crate::reactor::cell::OpCell;
 /// The most polls a thread skips spinning after misses.
 pub(crate) const SKIP_MAX: u32 = 64;
 
-/// Every this many outcomes reached by spinning in a row, the last yields instead of being
-/// taken. Small: what the run is joined with waits for it (a shm ping-pong's 16 round trips,
-/// about 40 µs, left a bulk stream joined with it without new writes for that long, and kept
-/// it at 0.85 of its rate); a yield costs the task one poll more.
-pub(crate) const RUN_MAX: u32 = 4;
+/// How long a run of outcomes reached by spinning may last before the next yields instead of
+/// being taken. What the run is joined with waits that long: runs of a shm ping-pong's 16
+/// round trips (about 40 µs) kept a bulk stream joined with them at 0.74 to 1.00 of its rate
+/// over several calls; runs of 20 µs kept it at 0.97 to 1.09 (`mixed --layout joined
+/// --driver thread`, shm, 16 cores), as runs of 4 outcomes did (0.99 to 1.23).
+pub(crate) const RUN_SPAN: Duration = Duration::from_micros(20);
+
+/// Outcomes of a run between two looks at the clock (a look costs about what taking an
+/// outcome does).
+const RUN_LOOK: u32 = 4;
 
 /// The spin budget where the host has cores to spare (see `default_budget`).
 pub(crate) const DEFAULT_BUDGET: Duration = Duration::from_micros(50);
@@ -106,26 +116,40 @@ impl Backoff {
 
 thread_local! {
     static BACKOFF: Cell<Backoff> = const { Cell::new(Backoff { skip: 0, next: 0 }) };
-    /// Outcomes taken by spinning since this thread's task last waited.
-    static RUN: Cell<u32> = const { Cell::new(0) };
+    /// The run of outcomes taken by spinning since this thread's task last waited or yielded.
+    static RUN: Cell<Run> = const { Cell::new(Run { taken: 0, since: None }) };
 }
 
-/// An op spun to its outcome: may its poll take it now? False once every [`RUN_MAX`] in a
-/// row: then its task should yield once first.
+/// A run of outcomes reached by spinning, with no wait in between.
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    /// Outcomes taken in it.
+    taken: u32,
+    /// When its first was taken (`None`: no run yet).
+    since: Option<Instant>,
+}
+
+/// An op spun to its outcome: may its poll take it now? False once the run has lasted
+/// [`RUN_SPAN`] (looked at every [`RUN_LOOK`] outcomes): then its task should yield once
+/// first, and a new run starts.
 pub(crate) fn may_take() -> bool {
-    let n = RUN.get() + 1;
-    if n >= RUN_MAX {
-        RUN.set(0);
-        false
-    } else {
-        RUN.set(n);
-        true
+    let mut run = RUN.get();
+    run.taken += 1;
+    let Some(since) = run.since else {
+        RUN.set(Run { taken: 1, since: Some(Instant::now()) });
+        return true;
+    };
+    if !run.taken.is_multiple_of(RUN_LOOK) || since.elapsed() < RUN_SPAN {
+        RUN.set(run);
+        return true;
     }
+    RUN.set(Run::default());
+    false
 }
 
 /// The polling task is about to wait for a wake-up: its run of spun outcomes is over.
 pub(crate) fn waits() {
-    RUN.set(0);
+    RUN.set(Run::default());
 }
 
 /// Watch `cell` for its outcome for up to `spin`, unless this thread is backing off; true if
@@ -259,15 +283,21 @@ mod tests {
     }
 
     #[test]
-    fn every_run_of_spun_outcomes_yields_once_and_a_wait_starts_a_new_run() {
-        let taken = (0..RUN_MAX * 2).filter(|_| may_take()).count() as u32;
-        assert_eq!(taken, RUN_MAX * 2 - 2, "one yield per run of {RUN_MAX}");
-        for _ in 0..RUN_MAX - 2 {
-            assert!(may_take());
-        }
+    fn a_run_of_spun_outcomes_yields_once_past_its_span_and_a_wait_starts_a_new_one() {
         waits();
-        assert!((0..RUN_MAX - 1).all(|_| may_take()), "a wait resets the run");
-        assert!(!may_take());
+        // Between two looks at the clock every outcome is taken, however long the run.
+        assert!((0..RUN_LOOK - 1).all(|_| may_take()), "a run starts with takes");
+        std::thread::sleep(RUN_SPAN * 2);
+        assert!(!may_take(), "the look past the span yields");
+        assert!(may_take(), "a new run starts after the yield");
+        std::thread::sleep(RUN_SPAN * 2);
+        waits();
+        assert!((0..RUN_LOOK - 1).all(|_| may_take()), "a wait starts a new run");
+        // A run within its span takes every outcome (a host slow enough to pass 20 µs in
+        // these few calls may yield once).
+        waits();
+        let taken = (0..RUN_LOOK * 4).filter(|_| may_take()).count() as u32;
+        assert!(taken >= RUN_LOOK * 4 - 1, "{taken}");
     }
 
     #[test]
