@@ -998,6 +998,10 @@ impl Transport for FabricTransport {
         n
     }
 
+    fn serving(&mut self, on: bool) {
+        self.spacing.serving(on);
+    }
+
     fn poll_now(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
         self.read_queues(out, max).0
     }

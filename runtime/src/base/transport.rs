@@ -371,6 +371,12 @@ pub trait Transport: Send {
         false
     }
 
+    /// The reactor has nothing of its own out and only serves its peers (their one-sided ops
+    /// on our memory, messages into posted receives) while `on`: a transport that spaces its
+    /// empty completion-queue reads may space them further meanwhile, so that its reads slow
+    /// the peers' posts into it less. Nothing by default.
+    fn serving(&mut self, _on: bool) {}
+
     /// Sleep until completions may be ready, a [`Notify`] fires, or `timeout` passes.
     fn wait(&mut self, timeout: Duration);
 

@@ -294,6 +294,12 @@ impl Reactor {
         self.disconnected
     }
 
+    /// Only serving peers, or not (see `Transport::serving`): said by the reactor thread as it
+    /// falls idle and as work comes back.
+    pub(crate) fn set_serving(&mut self, on: bool) {
+        self.t.serving(on);
+    }
+
     pub(crate) fn transport_mut(&mut self) -> &mut dyn Transport {
         self.t.as_mut()
     }

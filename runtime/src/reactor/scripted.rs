@@ -54,6 +54,8 @@ struct State {
     closed: Vec<LaneId>,
     regions: u64,
     deregistered: Vec<u64>,
+    /// What the reactor said of serving (`Transport::serving`), in order.
+    serving: Vec<bool>,
 }
 
 /// The test's hold on a [`Scripted`] transport.
@@ -89,6 +91,11 @@ impl Script {
     /// Answer the next posts so, in order.
     pub fn answer(&self, answers: impl IntoIterator<Item = Answer>) {
         self.state().answers.extend(answers);
+    }
+
+    /// What the reactor said of serving its peers only, in order.
+    pub fn serving(&self) -> Vec<bool> {
+        self.state().serving.clone()
     }
 
     /// Every work request posted so far.
@@ -194,6 +201,10 @@ impl Transport for Scripted {
             rail_keys: Vec::new(),
             remote_base: ptr as u64,
         })
+    }
+
+    fn serving(&mut self, on: bool) {
+        self.script.state().serving.push(on);
     }
 
     fn deregister(&mut self, id: u64) -> Result<(), TransportError> {

@@ -30,6 +30,7 @@ struct Rig {
     /// The memory ops name (the scripted transport never touches it).
     mem: Vec<u8>,
     tx: mpsc::Sender<Cmd>,
+    idle: Arc<super::Idle>,
 }
 
 /// Chunks of 4 KiB, up to `per_round` bulk chunks posted per turn.
@@ -57,6 +58,7 @@ fn rig_mapped(sched: SchedConfig, lanes: usize, max_msg_size: usize, map: LaneMa
     let script = Script::default();
     let (tx, rx) = mpsc::channel();
     let counters = Arc::new(Counters::default());
+    let idle = Arc::new(super::Idle::default());
     let mut sched = sched;
     sched.max_message = max_msg_size;
     let mut r = Reactor::new(
@@ -64,7 +66,7 @@ fn rig_mapped(sched: SchedConfig, lanes: usize, max_msg_size: usize, map: LaneMa
         rx,
         Default::default(),
         counters.clone(),
-        Default::default(),
+        idle.clone(),
         sched,
     );
     let (reply, got) = mpsc::sync_channel(1);
@@ -79,7 +81,7 @@ fn rig_mapped(sched: SchedConfig, lanes: usize, max_msg_size: usize, map: LaneMa
     let (reply, got) = mpsc::sync_channel(1);
     r.handle(Cmd::AddPeer { id: 7, lanes: mine, map, label: "peer".into(), ctl, reply });
     let slot = got.recv().expect("a reply").expect("a peer");
-    Rig { r, script, counters, slot, told, now: Instant::now(), mem: vec![0; 1 << 20], tx }
+    Rig { r, script, counters, slot, told, now: Instant::now(), mem: vec![0; 1 << 20], tx, idle }
 }
 
 impl Rig {
@@ -513,4 +515,45 @@ fn a_reactor_about_to_sleep_names_its_rails_once_per_kick() {
     g.r.on_control(g.slot, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
     g.r.announce_sleep();
     assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }]);
+}
+
+#[test]
+fn a_reactor_thread_says_it_only_serves_once_idle_and_not_while_its_ops_are_out() {
+    use std::sync::atomic::Ordering;
+    let mut rig = rig(split_config(8), 1);
+    let first = rig.write(16);
+    let (req, second) =
+        rig.req(OpKind::Write, WrKind::Write { remote_addr: 1 << 40, key: 9, imm: None }, 0, 16);
+    let Rig { r, script, idle, tx, mem, told, .. } = rig;
+    let policy = crate::driver::thread::IdlePolicy {
+        spin: Duration::from_millis(1),
+        max_sleep: Duration::from_millis(1),
+        woken_by_traffic: false,
+    };
+    let thread = crate::driver::thread::spawn(r, 0, None, idle.clone(), policy, None).expect("a thread");
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(script.serving(), Vec::<bool>::new(), "busy with its write, it never serves only");
+    let id = script.pending()[0].id;
+    script.complete(id, Ok(()));
+    until("the idle reactor to serve only", &|| script.serving() == [true]);
+    assert!(first.is_done());
+    // An op of its own out again: reads go back to the plain spacing.
+    tx.send(Cmd::Op(req)).expect("the reactor listens");
+    idle.commands.fetch_add(1, Ordering::SeqCst);
+    until("the write to be posted", &|| script.pending().len() == 1);
+    until("serving to end", &|| script.serving() == [true, false]);
+    let id = script.pending()[0].id;
+    script.complete(id, Ok(()));
+    until("the reactor to serve only again", &|| script.serving() == [true, false, true]);
+    assert!(second.is_done());
+    idle.shutdown.store(true, Ordering::SeqCst);
+    thread.join().expect("the reactor thread ends");
+    drop((mem, told));
 }
