@@ -1,6 +1,6 @@
-//! `mixed`: the head-of-line test. On ONE connection: a 16 B ping-pong alone, a stream of
-//! 1 MiB writes (8 in flight) alone for `--secs`, then both at once for as long (and at least
-//! `--iters` pings). With `--scheduler fifo` the ping waits
+//! `mixed`: the head-of-line test. On ONE connection: a 16 B ping-pong alone, then a stream
+//! of 1 MiB writes (8 in flight) alone and the stream beside the pings, taking turns in four
+//! rounds, `--secs` of each in all (and at least `--iters` pings beside it). With `--scheduler fifo` the ping waits
 //! behind the writes; with `fair` it should not, while the stream keeps its throughput.
 //! By default the two run on threads of their own, as an application's tasks would: the
 //! pings on the thread that drives the runtime (under the inline driver, the one turning the
@@ -151,6 +151,9 @@ async fn yield_once() {
     .await
 }
 
+/// Rounds each of bulk alone and bulk beside the pings (see `run`).
+const ROUNDS: usize = 4;
+
 /// The client's CPU over one phase: cores busy (every thread of the process), and CPU-seconds
 /// per GB of bulk written in it.
 struct PhaseCpu {
@@ -158,10 +161,39 @@ struct PhaseCpu {
     s_per_gb: f64,
 }
 
-impl PhaseCpu {
-    fn of(m: &CpuMeter, bulk_bytes: u64) -> PhaseCpu {
-        let secs = m.secs();
-        PhaseCpu { cores: secs / m.wall().max(1e-9), s_per_gb: secs / (bulk_bytes as f64 / 1e9).max(1e-9) }
+/// What the rounds of one phase (bulk alone, or beside the pings) added up to.
+#[derive(Default)]
+struct Rounds {
+    bytes: u64,
+    /// Seconds the stream ran, over the rounds.
+    secs: f64,
+    lat: Option<Histogram<u64>>,
+    cpu_secs: f64,
+    wall: f64,
+}
+
+impl Rounds {
+    /// A round's stream, and the CPU its phase took (`phase`, started with it).
+    fn add(&mut self, s: Streamed, phase: &CpuMeter) {
+        self.cpu_secs += phase.secs();
+        self.wall += phase.wall();
+        self.bytes += s.bytes;
+        self.secs += s.bytes as f64 / s.bps.max(1e-9);
+        match &mut self.lat {
+            Some(h) => {
+                // Same bounds (both auto-resizing histograms of 3 digits): cannot fail.
+                let _ = h.add(&s.lat);
+            }
+            None => self.lat = Some(s.lat),
+        }
+    }
+
+    /// The phase as one stream (its rate over the rounds' time), and its CPU.
+    fn total(self) -> Result<(Streamed, PhaseCpu), BoxErr> {
+        let lat = self.lat.ok_or("no round ran")?;
+        let gb = (self.bytes as f64 / 1e9).max(1e-9);
+        let cpu = PhaseCpu { cores: self.cpu_secs / self.wall.max(1e-9), s_per_gb: self.cpu_secs / gb };
+        Ok((Streamed { bps: self.bytes as f64 / self.secs.max(1e-9), bytes: self.bytes, lat }, cpu))
     }
 }
 
@@ -243,40 +275,55 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
         let alone = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await?;
         Ok::<_, BoxErr>((remote, alone))
     })?;
-    // Bulk alone runs where it runs beside the pings (its own thread, or the one task).
-    let never = AtomicBool::new(false);
-    let until = Instant::now() + std::time::Duration::from_secs_f64(m.secs);
-    let bulk = stream(&rt, &ep, &remote, m, 0, &never, Some(until));
-    let phase = CpuMeter::start();
-    let ((), bulk_alone) = beside(&rt, layout, async {}, bulk);
-    let bulk_alone = bulk_alone?;
-    let cpu_alone = PhaseCpu::of(&phase, bulk_alone.bytes);
-    let stop = AtomicBool::new(false);
-    let pings = async {
-        let h = async {
-            // A few unmeasured pings while the stream fills the pipe.
-            pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await?;
-            // Rounds of pings until the stream has run beside them as long as it ran alone:
-            // a phase of only `iters` pings (some 20 ms) weighs the stream's start and any
-            // hiccup of the host many times more than the alone phase's seconds do, and bulk
-            // kept read anywhere from 0.8 to 1.2 between runs of one build.
-            let beside_from = Instant::now();
-            let mut h = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await?;
-            while beside_from.elapsed().as_secs_f64() < m.secs {
-                h.add(pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await?)?;
+    // Bulk alone and bulk beside the pings take turns, ROUNDS of each, --secs of each in all:
+    // the host's memory moves a copying provider's bulk rate by a fifth to a half over seconds
+    // (bulk kept read 0.58 to 1.67 with one phase of each), and taking turns spreads that drift
+    // over both. Bulk alone runs where it runs beside the pings (its own thread, or the one
+    // task).
+    let slice = m.secs / ROUNDS as f64;
+    let mut bulk_alone = Rounds::default();
+    let mut bulk_mixed = Rounds::default();
+    let mut mixed: Option<Histogram<u64>> = None;
+    for _ in 0..ROUNDS {
+        let never = AtomicBool::new(false);
+        let until = Instant::now() + Duration::from_secs_f64(slice);
+        let bulk = stream(&rt, &ep, &remote, m, 0, &never, Some(until));
+        let phase = CpuMeter::start();
+        let ((), s) = beside(&rt, layout, async {}, bulk);
+        bulk_alone.add(s?, &phase);
+        let stop = AtomicBool::new(false);
+        let pings = async {
+            let h = async {
+                // A few unmeasured pings while the stream fills the pipe.
+                pingpong(&rt, &ep, PING, 20, Duration::ZERO, &mut quiet()).await?;
+                // Pings until the stream has run beside them as long as it ran alone, and at
+                // least --iters over the rounds.
+                let from = Instant::now();
+                let per_round = a.iters.div_ceil(ROUNDS).max(1);
+                let mut h = pingpong(&rt, &ep, PING, per_round, Duration::ZERO, &mut quiet()).await?;
+                while from.elapsed().as_secs_f64() < slice {
+                    h.add(pingpong(&rt, &ep, PING, per_round, Duration::ZERO, &mut quiet()).await?)?;
+                }
+                Ok::<_, BoxErr>(h)
             }
-            Ok::<_, BoxErr>(h)
+            .await;
+            // Failed or done, the stream ends with the pings.
+            stop.store(true, Ordering::Relaxed);
+            h
+        };
+        let bulk = stream(&rt, &ep, &remote, m, 0, &stop, None);
+        let phase = CpuMeter::start();
+        let (h, s) = beside(&rt, layout, pings, bulk);
+        let (h, s) = (h?, s?);
+        bulk_mixed.add(s, &phase);
+        match &mut mixed {
+            Some(all) => all.add(h)?,
+            None => mixed = Some(h),
         }
-        .await;
-        // Failed or done, the stream ends with the pings.
-        stop.store(true, Ordering::Relaxed);
-        h
-    };
-    let bulk = stream(&rt, &ep, &remote, m, 0, &stop, None);
-    let phase = CpuMeter::start();
-    let (mixed, bulk_mixed) = beside(&rt, layout, pings, bulk);
-    let (mixed, bulk_mixed) = (mixed?, bulk_mixed?);
-    let cpu_mixed = PhaseCpu::of(&phase, bulk_mixed.bytes);
+    }
+    let mixed = mixed.ok_or("no round ran")?;
+    let (bulk_alone, cpu_alone) = bulk_alone.total()?;
+    let (bulk_mixed, cpu_mixed) = bulk_mixed.total()?;
     rt.block_on(async {
         let mut s = rt.alloc(1)?;
         s[0] = 0;
