@@ -143,3 +143,55 @@ pub(crate) fn spawn(
         reactor.shutdown(crate::reactor::SHUTDOWN_LIMIT);
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::base::error::OpKind;
+    use crate::base::transport::WrKind;
+    use crate::reactor::cmd::Cmd;
+    use crate::reactor::tests::{rig, split_config, Rig};
+
+    #[test]
+    fn a_reactor_thread_says_it_only_serves_once_idle_and_not_while_its_ops_are_out() {
+        use std::sync::atomic::Ordering;
+        let mut rig = rig(split_config(8), 1);
+        let first = rig.write(16);
+        let (req, second) =
+            rig.req(OpKind::Write, WrKind::Write { remote_addr: 1 << 40, key: 9, imm: None }, 0, 16);
+        let Rig { r, script, idle, tx, mem, told, .. } = rig;
+        let policy = IdlePolicy {
+            spin: Duration::from_millis(1),
+            max_sleep: Duration::from_millis(1),
+            woken_by_traffic: false,
+        };
+        let thread = spawn(r, 0, None, idle.clone(), policy, None).expect("a thread");
+        let until = |what: &str, f: &dyn Fn() -> bool| {
+            let t0 = Instant::now();
+            while !f() {
+                assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(script.serving(), Vec::<bool>::new(), "busy with its write, it never serves only");
+        let id = script.pending()[0].id;
+        script.complete(id, Ok(()));
+        until("the idle reactor to serve only", &|| script.serving() == [true]);
+        assert!(first.is_done());
+        // An op of its own out again: reads go back to the plain spacing.
+        tx.send(Cmd::Op(req)).expect("the reactor listens");
+        idle.commands.fetch_add(1, Ordering::SeqCst);
+        until("the write to be posted", &|| script.pending().len() == 1);
+        until("serving to end", &|| script.serving() == [true, false]);
+        let id = script.pending()[0].id;
+        script.complete(id, Ok(()));
+        until("the reactor to serve only again", &|| script.serving() == [true, false, true]);
+        assert!(second.is_done());
+        idle.shutdown.store(true, Ordering::SeqCst);
+        thread.join().expect("the reactor thread ends");
+        drop((mem, told));
+    }
+}

@@ -13,12 +13,12 @@ mod peers;
 mod post;
 mod rendezvous;
 #[cfg(test)]
-mod scripted;
+pub(crate) mod scripted;
 mod shutdown;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::reactor::cmd::{GroupId, PeerSlot};
 use std::collections::VecDeque;

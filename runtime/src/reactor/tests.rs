@@ -19,22 +19,22 @@ use crate::base::stats::Counters;
 use crate::base::transport::{LaneId, LocalSeg, RailId, RailSet, WrKind};
 use crate::reactor::cell::OpCell;
 
-/// A reactor with one peer, over a scripted transport.
-struct Rig {
-    r: Reactor,
-    script: Script,
+/// A reactor with one peer, over a scripted transport (the drivers' tests drive it too).
+pub(crate) struct Rig {
+    pub r: Reactor,
+    pub script: Script,
     counters: Arc<Counters>,
     slot: PeerSlot,
-    told: UnboundedReceiver<Ctl>,
+    pub told: UnboundedReceiver<Ctl>,
     now: Instant,
     /// The memory ops name (the scripted transport never touches it).
-    mem: Vec<u8>,
-    tx: mpsc::Sender<Cmd>,
-    idle: Arc<super::Idle>,
+    pub mem: Vec<u8>,
+    pub tx: mpsc::Sender<Cmd>,
+    pub idle: Arc<super::Idle>,
 }
 
 /// Chunks of 4 KiB, up to `per_round` bulk chunks posted per turn.
-fn split_config(per_round: usize) -> SchedConfig {
+pub(crate) fn split_config(per_round: usize) -> SchedConfig {
     SchedConfig {
         chunk_size: 4096,
         idle_after_chunks: 0,
@@ -44,7 +44,7 @@ fn split_config(per_round: usize) -> SchedConfig {
     }
 }
 
-fn rig(sched: SchedConfig, lanes: usize) -> Rig {
+pub(crate) fn rig(sched: SchedConfig, lanes: usize) -> Rig {
     rig_with(sched, lanes, 1 << 20)
 }
 
@@ -97,7 +97,13 @@ impl Rig {
     }
 
     /// An op over `len` bytes at `offset` of the rig's memory, and its cell.
-    fn req(&mut self, op: OpKind, kind: WrKind, offset: usize, len: usize) -> (OpReq, Arc<OpCell>) {
+    pub(crate) fn req(
+        &mut self,
+        op: OpKind,
+        kind: WrKind,
+        offset: usize,
+        len: usize,
+    ) -> (OpReq, Arc<OpCell>) {
         let cell = OpCell::new();
         let ptr = self.mem[offset..].as_mut_ptr();
         let req = OpReq {
@@ -117,7 +123,7 @@ impl Rig {
         (req, cell)
     }
 
-    fn write(&mut self, len: usize) -> Arc<OpCell> {
+    pub(crate) fn write(&mut self, len: usize) -> Arc<OpCell> {
         self.submit(OpKind::Write, WrKind::Write { remote_addr: 1 << 40, key: 9, imm: None }, len)
     }
 
@@ -515,45 +521,4 @@ fn a_reactor_about_to_sleep_names_its_rails_once_per_kick() {
     g.r.on_control(g.slot, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
     g.r.announce_sleep();
     assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }]);
-}
-
-#[test]
-fn a_reactor_thread_says_it_only_serves_once_idle_and_not_while_its_ops_are_out() {
-    use std::sync::atomic::Ordering;
-    let mut rig = rig(split_config(8), 1);
-    let first = rig.write(16);
-    let (req, second) =
-        rig.req(OpKind::Write, WrKind::Write { remote_addr: 1 << 40, key: 9, imm: None }, 0, 16);
-    let Rig { r, script, idle, tx, mem, told, .. } = rig;
-    let policy = crate::driver::thread::IdlePolicy {
-        spin: Duration::from_millis(1),
-        max_sleep: Duration::from_millis(1),
-        woken_by_traffic: false,
-    };
-    let thread = crate::driver::thread::spawn(r, 0, None, idle.clone(), policy, None).expect("a thread");
-    let until = |what: &str, f: &dyn Fn() -> bool| {
-        let t0 = Instant::now();
-        while !f() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    };
-    std::thread::sleep(Duration::from_millis(30));
-    assert_eq!(script.serving(), Vec::<bool>::new(), "busy with its write, it never serves only");
-    let id = script.pending()[0].id;
-    script.complete(id, Ok(()));
-    until("the idle reactor to serve only", &|| script.serving() == [true]);
-    assert!(first.is_done());
-    // An op of its own out again: reads go back to the plain spacing.
-    tx.send(Cmd::Op(req)).expect("the reactor listens");
-    idle.commands.fetch_add(1, Ordering::SeqCst);
-    until("the write to be posted", &|| script.pending().len() == 1);
-    until("serving to end", &|| script.serving() == [true, false]);
-    let id = script.pending()[0].id;
-    script.complete(id, Ok(()));
-    until("the reactor to serve only again", &|| script.serving() == [true, false, true]);
-    assert!(second.is_done());
-    idle.shutdown.store(true, Ordering::SeqCst);
-    thread.join().expect("the reactor thread ends");
-    drop((mem, told));
 }
