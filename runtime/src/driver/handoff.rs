@@ -293,11 +293,7 @@ mod tests {
         std::thread::sleep(RUN_SPAN * 2);
         waits();
         assert!((0..RUN_LOOK - 1).all(|_| may_take()), "a wait starts a new run");
-        // A run within its span takes every outcome (a host slow enough to pass 20 µs in
-        // these few calls may yield once).
         waits();
-        let taken = (0..RUN_LOOK * 4).filter(|_| may_take()).count() as u32;
-        assert!(taken >= RUN_LOOK * 4 - 1, "{taken}");
     }
 
     #[test]
