@@ -84,79 +84,101 @@ impl Backend for NullBackend {
     }
 }
 
-fn bench(c: &mut Criterion) {
-    let open = || Runtime::builder().backend(NullBackend).driver(Driver::Inline).build().unwrap();
-    let (a, b) = (open(), open());
-    let tokio = tokio::runtime::Runtime::new().unwrap();
-    let (ab, _ba) = tokio.block_on(async {
-        let l = b.listen("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (x, y) = tokio::join!(a.connect(addr), l.accept());
-        (x.unwrap(), y.unwrap())
-    });
-    let exposed = b.expose(b.alloc(4096).unwrap(), Access::READ_WRITE).unwrap();
-    let remote = exposed.descriptor();
-    let mut buf = Some(a.alloc(16).unwrap());
-    c.bench_function("send 16 B (inline completion)", |bn| {
-        bn.iter(|| {
-            let (r, back) = a.block_on(ab.send(buf.take().unwrap()));
-            r.unwrap();
-            buf = Some(back);
-        })
-    });
-    c.bench_function("recv 16 B (completion on the next poll)", |bn| {
-        bn.iter(|| {
-            let (r, back) = a.block_on(ab.recv(buf.take().unwrap()));
-            r.unwrap();
-            buf = Some(back);
-        })
-    });
-    c.bench_function("write 16 B (through the reactor, no bulk queued)", |bn| {
-        bn.iter(|| {
-            let (r, back) = a.block_on(ab.write_remote(buf.take().unwrap(), &remote.slice(0..16).unwrap()));
-            r.unwrap();
-            buf = Some(back);
-        })
-    });
-    // The same ops awaited one after another inside one `block_on`, as a run-to-completion
-    // loop awaits them: the op alone, without the cost of entering and leaving `block_on`.
-    let dst = remote.slice(0..16).unwrap();
-    let mut inside =
-        |name: &str, op: fn(&rdmalane::Endpoint, RegisteredBuf, &RemoteBuf) -> Op<RegisteredBuf>| {
-            c.bench_function(name, |bn| {
+/// Two runtimes over the null transport, connected, with 4 KiB of the second's memory exposed
+/// to the first and a 16 B buffer of the first's.
+struct Pair {
+    a: Runtime,
+    ab: rdmalane::Endpoint,
+    remote: RemoteBuf,
+    buf: Option<RegisteredBuf>,
+    // Kept alive for the endpoint and the exposed memory; dropped with the pair.
+    _rest: (Runtime, rdmalane::Endpoint, rdmalane::ExposedBuf<RegisteredBuf>),
+}
+
+impl Pair {
+    fn open(open: impl Fn() -> Runtime) -> Pair {
+        let (a, b) = (open(), open());
+        let tokio = tokio::runtime::Runtime::new().unwrap();
+        let (ab, ba) = tokio.block_on(async {
+            let l = b.listen("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            let (x, y) = tokio::join!(a.connect(addr), l.accept());
+            (x.unwrap(), y.unwrap())
+        });
+        let exposed = b.expose(b.alloc(4096).unwrap(), Access::READ_WRITE).unwrap();
+        let remote = exposed.descriptor();
+        let buf = Some(a.alloc(16).unwrap());
+        Pair { a, ab, remote, buf, _rest: (b, ba, exposed) }
+    }
+
+    /// Send, receive and write loops awaited one after another inside one `block_on`, as a
+    /// run-to-completion loop awaits them: the op alone, without the cost of entering and
+    /// leaving `block_on`. `how` ends each benchmark's name.
+    fn loops(&mut self, c: &mut Criterion, how: &str) {
+        type MakeOp = fn(&rdmalane::Endpoint, RegisteredBuf, &RemoteBuf) -> Op<RegisteredBuf>;
+        let ops: [(&str, MakeOp); 3] = [
+            ("send", |ep, b, _| ep.send(b)),
+            ("recv", |ep, b, _| ep.recv(b)),
+            ("write", |ep, b, d| ep.write_remote(b, d)),
+        ];
+        let dst = &self.remote.slice(0..16).unwrap();
+        let Pair { a, ab, buf, .. } = self;
+        for (what, op) in ops {
+            c.bench_function(&format!("{what} 16 B, {how}"), |bn| {
                 bn.iter_custom(|n| {
                     let b = buf.take().unwrap();
                     let t = std::time::Instant::now();
                     let b = a.block_on(async {
                         let mut b = b;
                         for _ in 0..n {
-                            let (r, back) = op(&ab, b, &dst).await;
+                            let (r, back) = op(ab, b, dst).await;
                             r.unwrap();
                             b = back;
                         }
                         b
                     });
                     let d = t.elapsed();
-                    buf = Some(b);
+                    *buf = Some(b);
                     d
                 })
             });
-        };
-    inside("send 16 B, inside block_on", |ep, b, _| ep.send(b));
-    inside("recv 16 B, inside block_on", |ep, b, _| ep.recv(b));
-    inside("write 16 B, inside block_on", |ep, b, d| ep.write_remote(b, d));
-    drop(exposed);
-    drop((ab, _ba));
-    drop((a, b));
-    thread_driver(c);
+        }
+    }
 }
 
-/// The same loops under the thread driver, as an application's task runs them: its ops spin
-/// (the await spin is set, as a host with cores to spare has it by default), so the task
-/// takes the reactor its thread lends and turns it itself. What this adds to the inline
-/// figures is the lend's hold and release around each op.
-fn thread_driver(c: &mut Criterion) {
-    let open = || {
+fn bench(c: &mut Criterion) {
+    let mut p =
+        Pair::open(|| Runtime::builder().backend(NullBackend).driver(Driver::Inline).build().unwrap());
+    let (a, ab, remote) = (&p.a, &p.ab, &p.remote);
+    let buf = &mut p.buf;
+    c.bench_function("send 16 B (inline completion)", |bn| {
+        bn.iter(|| {
+            let (r, back) = a.block_on(ab.send(buf.take().unwrap()));
+            r.unwrap();
+            *buf = Some(back);
+        })
+    });
+    c.bench_function("recv 16 B (completion on the next poll)", |bn| {
+        bn.iter(|| {
+            let (r, back) = a.block_on(ab.recv(buf.take().unwrap()));
+            r.unwrap();
+            *buf = Some(back);
+        })
+    });
+    c.bench_function("write 16 B (through the reactor, no bulk queued)", |bn| {
+        bn.iter(|| {
+            let (r, back) = a.block_on(ab.write_remote(buf.take().unwrap(), &remote.slice(0..16).unwrap()));
+            r.unwrap();
+            *buf = Some(back);
+        })
+    });
+    p.loops(c, "inside block_on");
+    drop(p);
+    // The same loops under the thread driver, as an application's task runs them: its ops
+    // spin (the await spin is set, as a host with cores to spare has it by default), so the
+    // task takes the reactor its thread lends and turns it itself. What this adds to the
+    // inline figures is the lend's hold and release around each op.
+    let thread = || {
         Runtime::builder()
             .backend(NullBackend)
             .driver(Driver::Thread)
@@ -164,41 +186,7 @@ fn thread_driver(c: &mut Criterion) {
             .build()
             .unwrap()
     };
-    let (a, b) = (open(), open());
-    let tokio = tokio::runtime::Runtime::new().unwrap();
-    let (ab, _ba) = tokio.block_on(async {
-        let l = b.listen("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (x, y) = tokio::join!(a.connect(addr), l.accept());
-        (x.unwrap(), y.unwrap())
-    });
-    let exposed = b.expose(b.alloc(4096).unwrap(), Access::READ_WRITE).unwrap();
-    let dst = exposed.descriptor().slice(0..16).unwrap();
-    let mut buf = Some(a.alloc(16).unwrap());
-    let mut inside =
-        |name: &str, op: fn(&rdmalane::Endpoint, RegisteredBuf, &RemoteBuf) -> Op<RegisteredBuf>| {
-            c.bench_function(name, |bn| {
-                bn.iter_custom(|n| {
-                    let b = buf.take().unwrap();
-                    let t = std::time::Instant::now();
-                    let b = a.block_on(async {
-                        let mut b = b;
-                        for _ in 0..n {
-                            let (r, back) = op(&ab, b, &dst).await;
-                            r.unwrap();
-                            b = back;
-                        }
-                        b
-                    });
-                    let d = t.elapsed();
-                    buf = Some(b);
-                    d
-                })
-            });
-        };
-    inside("send 16 B, thread driver", |ep, b, _| ep.send(b));
-    inside("recv 16 B, thread driver", |ep, b, _| ep.recv(b));
-    inside("write 16 B, thread driver", |ep, b, d| ep.write_remote(b, d));
+    Pair::open(thread).loops(c, "thread driver");
 }
 
 // criterion's macros generate undocumented public functions.
