@@ -41,7 +41,10 @@ pub struct Stats {
     pub thread_retakes: u64,
 }
 
+/// On lines of their own: whoever holds the reactor writes them every op, and their
+/// neighbours in the heap may be what another thread polls (see `Idle`).
 #[derive(Default)]
+#[repr(align(128))]
 pub(crate) struct Counters {
     pub submitted: AtomicU64,
     pub posted: AtomicU64,

@@ -177,6 +177,28 @@ impl Lend {
     pub(crate) fn lease(&self) -> Lease<'_> {
         Lease { lend: self, state: LeaseState::Free }
     }
+
+    /// A lease that goes on from `standing`, which a lease on this same `Lend` left off (see
+    /// [`Lease::detach`]).
+    pub(crate) fn lease_at(&self, standing: Standing) -> Lease<'_> {
+        debug_assert!(
+            standing.0 == LeaseState::Free || std::ptr::eq(standing.1, self),
+            "a standing goes on only on the lend it was taken on"
+        );
+        Lease { lend: self, state: standing.0 }
+    }
+}
+
+/// Where a detached [`Lease`] left off, to go on in another lease on the same [`Lend`]: an op's
+/// first poll holds the reactor through the runtime's reference to the lend, and goes on
+/// through the op's own once it is pending (a clone made only then: a small send that
+/// finishes as it is posted touches no reference count).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Standing(LeaseState, *const Lend);
+
+impl Standing {
+    /// Neither held nor asked for.
+    pub(crate) const FREE: Standing = Standing(LeaseState::Free, std::ptr::null());
 }
 
 /// How a task stands with the reactor.
@@ -199,6 +221,14 @@ pub(crate) struct Lease<'a> {
 }
 
 impl Lease<'_> {
+    /// End this lease without putting anything back: what it holds or asked for goes on in
+    /// the lease [`Lend::lease_at`] makes of the standing returned. (Dropped instead, a
+    /// standing that holds the reactor would keep it from its thread for good.)
+    pub(crate) fn detach(mut self) -> Standing {
+        let state = std::mem::replace(&mut self.state, LeaseState::Free);
+        Standing(state, self.lend)
+    }
+
     /// Hold the reactor if it is in the slot; where the thread has it and `ask`, ask for it
     /// (a later call may then find it). True while this thread holds it.
     pub(crate) fn hold(&mut self, ask: bool) -> bool {
@@ -282,5 +312,35 @@ mod tests {
     fn the_slot_is_one_atomic_word() {
         // Else AtomicCell falls back to a lock, and a take and a put cost four atomics again.
         assert!(AtomicCell::<Option<Box<Reactor>>>::is_lock_free());
+    }
+
+    struct Quiet;
+    impl Notify for Quiet {
+        fn notify(&self) {}
+    }
+
+    #[test]
+    fn a_detached_hold_goes_on_in_the_lease_made_of_it_and_goes_back_once() {
+        use crate::reactor::tests::{rig, split_config};
+        let rig = rig(split_config(8), 1);
+        let (rt, idle) = (u64::MAX - 7, rig.idle.clone());
+        let lend = Lend::new(rt, idle, Arc::new(Quiet));
+        lend.line.slot.store(Some(Box::new(rig.r)));
+        let mut first = lend.lease();
+        assert!(first.hold(false), "the reactor was in the slot");
+        let standing = first.detach();
+        assert!(inline::holds(rt), "detaching puts nothing back");
+        assert_eq!(lend.holds(), 0);
+        let mut next = lend.lease_at(standing);
+        assert!(next.hold(false), "the hold goes on");
+        next.release(true);
+        assert!(!inline::holds(rt));
+        assert_eq!(lend.holds(), 1, "put back once");
+        drop(next);
+        assert_eq!(lend.holds(), 1, "a released lease puts back nothing more");
+        let free = lend.lease_at(Standing::FREE);
+        drop(free);
+        let reactor = lend.line.slot.take().expect("the reactor is back in the slot");
+        drop((reactor, rig.script, rig.told, rig.mem, rig.tx));
     }
 }

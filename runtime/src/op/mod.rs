@@ -14,7 +14,7 @@ use crate::base::sched::{Class, TenantId};
 use crate::buf::IoBuf;
 use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline;
-use crate::driver::lend::{Lease, Lend};
+use crate::driver::lend::{Lease, Lend, Standing};
 use crate::reactor::cell::{Done, OpCell};
 use crate::reactor::cmd::Draft;
 use crate::reactor::AtOnce;
@@ -101,28 +101,18 @@ impl<B: IoBuf> Op<B> {
     /// Hand the op to the reactor now, before it is awaited: how to pre-post a receive, or
     /// start a transfer while preparing the next. (Otherwise the first poll does this.)
     pub fn start(mut self) -> Self {
-        let lend = self.take_lend();
-        let mut lease = lend.as_deref().map(Lend::lease);
-        self.submit(false, lease.as_mut());
-        if let Some(l) = &mut lease {
-            l.release(true);
+        let standing = self.submit(false);
+        if let Inner::Pending(_, _, _, Some(lend)) = &self.inner {
+            lend.lease_at(standing).release(true);
         }
-        drop(lease);
-        self.keep_lend(lend);
         self
     }
 
-    /// The reactor this op's poll may turn itself (`driver::lend`): a spinning op's, where its
-    /// runtime's reactor thread lends its reactor. Moved out of a pending op for the poll and
-    /// back in by [`keep_lend`](Self::keep_lend) (a clone is two atomics on a shared line):
-    /// cloned only for an op not yet submitted.
+    /// The reactor this op's poll may turn itself (`driver::lend`): a pending, spinning op's,
+    /// where its runtime's reactor thread lends its reactor. Moved out for the poll and back
+    /// in by [`keep_lend`](Self::keep_lend).
     fn take_lend(&mut self) -> Option<Arc<Lend>> {
         match &mut self.inner {
-            Inner::Unsubmitted(rt, draft) => {
-                let lend = rt.lend()?;
-                let len = self.buf.as_ref().map_or(0, |b| b.seg().len);
-                (!rt.await_spin_for(draft.class, len).is_off()).then(|| lend.clone())
-            }
             Inner::Pending(_, _, _, lend) => lend.take(),
             _ => None,
         }
@@ -135,45 +125,65 @@ impl<B: IoBuf> Op<B> {
         }
     }
 
-    /// `polled`: called from `poll`, which may reap right after posting. `lease`: the poll's
-    /// hold on the lent reactor, taken here if it is free: the op is then posted on this thread.
-    fn submit(&mut self, polled: bool, lease: Option<&mut Lease<'_>>) {
+    /// Hand an unsubmitted op to the reactor (`polled`: from `poll`, which may reap right
+    /// after posting). A spinning op's task posts it itself where the reactor thread lends its
+    /// reactor, holding it for that: where the op is then pending, the hold goes on in the
+    /// standing returned, for the op's own lease ([`Standing::FREE`] otherwise).
+    fn submit(&mut self, polled: bool) -> Standing {
         if !matches!(self.inner, Inner::Unsubmitted(..)) {
-            return;
+            return Standing::FREE;
         }
-        let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return };
-        let Inner::Unsubmitted(rt, draft) = &self.inner else { return };
+        let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return Standing::FREE };
+        let Inner::Unsubmitted(rt, draft) = &self.inner else { return Standing::FREE };
         let spin = rt.await_spin_for(draft.class, seg.len);
-        // A spinning op's task posts it itself where the reactor thread lends its reactor:
-        // held here, the paths below post it at once.
-        if let Some(l) = lease {
+        // Through the runtime's reference: an op that finishes as it is posted takes no clone.
+        let lend = rt.lend().filter(|_| !spin.is_off());
+        let mut lease = lend.map(|l| l.lease());
+        if let Some(l) = lease.as_mut() {
             l.hold(false);
         }
         // On the thread holding the reactor, an op it would post straight away is posted now,
         // with no cell unless it stays in flight (a small send usually finishes as it is
         // posted). The draft stays where it is meanwhile: moving the op's state out and back
         // costs more than the post (stores of its fields, read back whole at once, stall).
-        // Nothing runs between the post and setting the state below that could unwind: a turn,
-        // which may wake other ops, comes after (`outcome`).
         match rt.post_at_once(draft, seg) {
             Some(AtOnce::Finished(res)) => {
+                // Nothing of the op is with the NIC: should putting the reactor back unwind
+                // (a stop it finishes wakes other ops), this op is merely dropped.
+                if let Some(l) = lease.as_mut() {
+                    l.release(true);
+                }
+                drop(lease);
                 self.inner = Inner::Ready(Some(res.map(|d| d.len).map_err(Box::new)));
-                return;
+                Standing::FREE
             }
             Some(AtOnce::InFlight(cell)) => {
-                let id = rt.id();
-                self.inner = Inner::Pending(id, cell, spin, None);
-                return;
+                let (id, keep) = (rt.id(), lend.cloned());
+                let standing = lease.map_or(Standing::FREE, Lease::detach);
+                // Set before anything that could unwind: the drop then keeps the buffer for
+                // the NIC.
+                self.inner = Inner::Pending(id, cell, spin, keep);
+                standing
             }
-            None => {}
-        }
-        if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None)) {
-            // Pending before the reactor sees it: should anything in `submit` (another op's
-            // waker, say) unwind through here, the drop then keeps the buffer for the NIC.
-            let cell = OpCell::new();
-            self.inner = Inner::Pending(rt.id(), cell.clone(), spin, None);
-            if let Inner::Pending(_, mine, ..) = &self.inner {
-                rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
+            None => {
+                let keep = lend.cloned();
+                let standing = lease.map_or(Standing::FREE, Lease::detach);
+                // Put back should the submission unwind.
+                let lease = keep.as_deref().map(|l| l.lease_at(standing));
+                if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None))
+                {
+                    // Pending before the reactor sees it: should anything in `submit` (another
+                    // op's waker, say) unwind through here, the drop then keeps the buffer for
+                    // the NIC.
+                    let cell = OpCell::new();
+                    self.inner = Inner::Pending(rt.id(), cell.clone(), spin, None);
+                    if let Inner::Pending(_, mine, ..) = &self.inner {
+                        rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
+                    }
+                }
+                let standing = lease.map_or(Standing::FREE, Lease::detach);
+                self.keep_lend(keep);
+                standing
             }
         }
     }
@@ -244,8 +254,9 @@ impl<B: IoBuf> Future for Op<B> {
         }
         // The poll's hold on the lent reactor: taken by the submission or the spin, put back
         // when the poll returns (at once where its task parks, see `driver::lend`).
+        let standing = this.submit(true);
         let lend = this.take_lend();
-        let mut lease = lend.as_deref().map(Lend::lease);
+        let mut lease = lend.as_deref().map(|l| l.lease_at(standing));
         let out = this.poll_held(lease.as_mut(), cx);
         drop(lease);
         this.keep_lend(lend);
@@ -261,7 +272,6 @@ impl<B: IoBuf> Op<B> {
         mut lease: Option<&mut Lease<'_>>,
         cx: &mut Context<'_>,
     ) -> Poll<BufResult<usize, B>> {
-        self.submit(true, lease.as_deref_mut());
         let out = match &mut self.inner {
             Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
