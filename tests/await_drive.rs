@@ -2,16 +2,23 @@
 //! (`Builder::await_drive`), on real providers: ping-pongs, awaited writes and reads move
 //! byte-exact with the reactor moving between the tasks and the thread, `Stats::task_holds`
 //! counts the holds (none with the lend turned off), ops dropped while a task holds the
-//! reactor keep their buffers until done, and a runtime stops while tasks are taking it.
+//! reactor keep their buffers until done, and a runtime stops while tasks are taking it; all
+//! of it also with the lending thread napping while the reactor is out (`Builder::lend_nap`).
 use std::time::Duration;
 
 use rdmalane::{Access, Runtime};
 use rdmalane_conformance::{bounded, drop_write_mid_flight, expose_to, filled, pair, providers};
 
 fn runtime(p: &str, drive: bool) -> Runtime {
+    lending(p, drive, false)
+}
+
+/// `nap`: the lending thread parks between its looks while a task has the reactor.
+fn lending(p: &str, drive: bool, nap: bool) -> Runtime {
     rdmalane_conformance::builder(p)
         .await_spin(Duration::from_micros(200))
         .await_drive(drive)
+        .lend_nap(nap)
         .build()
         .unwrap_or_else(|e| panic!("runtime on {p}: {e}"))
 }
@@ -97,9 +104,40 @@ fn ops_dropped_while_tasks_hold_the_reactor_keep_their_buffers_until_done() {
 }
 
 #[test]
-fn a_runtime_stops_while_other_threads_keep_taking_its_reactor() {
+fn a_lending_thread_that_naps_serves_the_same_and_finishes_a_parked_op() {
     for p in providers() {
-        let (a, b) = (runtime(p, true), runtime(p, true));
+        bounded(120, async {
+            let (a, b) = (lending(p, true, true), lending(p, true, true));
+            rounds(&a, &b, 300, p).await;
+            let (ab, ba) = pair(&a, &b).await;
+            let (_target, remote) = expose_to(&ba, &ab, 1 << 20, Access::WRITE).await;
+            for i in 0..100u64 {
+                let at = remote.slice(0..16).expect("in range");
+                drop_write_mid_flight(&a, &ab, &at, 16, Duration::from_micros(i % 20), p).await;
+            }
+            // A receive whose message comes long after its spin: its task parks, and the
+            // thread, napping while the task had the reactor, takes it back and finishes it.
+            for i in 0..5u64 {
+                let recv = ba.recv(b.alloc(16).expect("alloc")).start();
+                let (want, ping) = filled(&a, 16, 7000 + i);
+                let late = async {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    ab.send(ping).await.0.unwrap_or_else(|e| panic!("{p}: late send {i}: {e}"));
+                };
+                let ((n, got), ()) = tokio::join!(recv, late);
+                assert_eq!(n.unwrap_or_else(|e| panic!("{p}: late recv {i}: {e}")), 16);
+                assert_eq!(got[..], want[..], "{p}: late message {i}");
+            }
+            let (sa, sb) = (a.stats(), b.stats());
+            assert_eq!(sa.failed + sb.failed, 0, "{p}: nothing failed");
+        });
+    }
+}
+
+#[test]
+fn a_runtime_stops_while_other_threads_keep_taking_its_reactor() {
+    for (p, nap) in providers().into_iter().flat_map(|p| [(p, false), (p, true)]) {
+        let (a, b) = (lending(p, true, nap), lending(p, true, nap));
         let (ab, remote, _kept) = bounded(60, async {
             let (ab, ba) = pair(&a, &b).await;
             let (target, remote) = expose_to(&ba, &ab, 4096, Access::WRITE).await;

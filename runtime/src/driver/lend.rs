@@ -20,6 +20,15 @@
 //!
 //! On [`Lease`]: this thread holds the reactor through the inline driver's thread-local hold,
 //! so the paths that post at once and turn where the reactor is held serve it unchanged.
+//!
+//! While the reactor is out, the thread spins on what it watches, a core of its own. Asked to
+//! nap instead (`Builder::lend_nap`), it parks for [`REHOLD`] at a time between its looks: a
+//! task that parks with its op out, a command, and a stop each unpark it (through
+//! [`LendWake`], the group's notifier, and the `sleeping` flag the thread raises while it
+//! naps), and a reactor left idle in the slot is taken back one or two naps after its last
+//! put instead of one `REHOLD`. What a core spinning beside the ping-pong costs the two cores
+//! that run it is to be measured on a host with cores to spare (`scripts/device/spinners.sh`);
+//! until then the spin stays the default.
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -75,11 +84,30 @@ pub(crate) struct Lend {
     rt: u64,
     idle: Arc<Idle>,
     notifier: Arc<dyn Notify>,
+    /// The thread parks between its looks while the reactor is out (see the module's doc).
+    nap: bool,
+    /// The lending thread, to unpark; set as it starts.
+    thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+/// The notifier of a lending group whose thread naps: the transport's, and the thread's unpark
+/// for while it naps with the reactor lent out (it has no transport to wait on then).
+pub(crate) struct LendWake {
+    pub transport: Arc<dyn Notify>,
+    pub lend: Arc<Lend>,
+}
+
+impl Notify for LendWake {
+    fn notify(&self) {
+        self.transport.notify();
+        self.lend.wake();
+    }
 }
 
 impl Lend {
     /// The lending side of runtime `rt`'s first group, whose flags are `idle`.
-    pub(crate) fn new(rt: u64, idle: Arc<Idle>, notifier: Arc<dyn Notify>) -> Lend {
+    /// `nap`: park between looks while the reactor is out, instead of spinning.
+    pub(crate) fn new(rt: u64, idle: Arc<Idle>, notifier: Arc<dyn Notify>, nap: bool) -> Lend {
         Lend {
             line: CachePadded::new(SlotLine { slot: AtomicCell::new(None), released: AtomicU64::new(0) }),
             flags: CachePadded::new(Flags {
@@ -92,7 +120,52 @@ impl Lend {
             rt,
             idle,
             notifier,
+            nap,
+            thread: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The lending thread names itself, for [`wake`](Self::wake).
+    pub(crate) fn set_thread(&self, t: std::thread::Thread) {
+        let _ = self.thread.set(t);
+    }
+
+    /// Does the thread nap while the reactor is out?
+    pub(crate) fn naps(&self) -> bool {
+        self.nap
+    }
+
+    /// Unpark a napping thread (where it naps at all: an unpark of a thread not parked leaves
+    /// it a token, and its next nap ends at once).
+    pub(crate) fn wake(&self) {
+        if self.nap {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The thread's wait between two looks while the reactor is out: a spin, or a nap that
+    /// whatever needs the thread ends early.
+    fn pause(&self) {
+        if !self.nap {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+            return;
+        }
+        let (idle, flags) = (&*self.idle, &*self.flags);
+        // Raised first, then looked past once more: a submitter either sees it and notifies
+        // (which unparks), or its command is counted already (both sides order their store
+        // before their look).
+        idle.sleeping.store(true, Ordering::SeqCst);
+        let due = flags.urgent.load(Ordering::SeqCst)
+            || idle.commands.load(Ordering::SeqCst) > 0
+            || idle.shutdown.load(Ordering::SeqCst);
+        if !due {
+            std::thread::park_timeout(REHOLD);
+        }
+        idle.sleeping.store(false, Ordering::SeqCst);
     }
 
     /// The thread's side: a task wants the reactor? (SeqCst: about to sleep, the thread sets
@@ -112,9 +185,7 @@ impl Lend {
         // When `released` was last seen to move (or the slot last found empty).
         let mut quiet = Instant::now();
         loop {
-            for _ in 0..32 {
-                std::hint::spin_loop();
-            }
+            self.pause();
             if idle.shutdown.load(Ordering::Acquire) {
                 return self.retake_to_stop();
             }
@@ -281,13 +352,17 @@ impl Lease<'_> {
         let Some(r) = inline::unhold(self.lend.rt) else { return };
         let lend = self.lend;
         if !done {
-            lend.flags.urgent.store(true, Ordering::Release);
+            lend.flags.urgent.store(true, Ordering::SeqCst);
         }
         let n = lend.line.released.load(Ordering::Relaxed);
         lend.line.released.store(n + 1, Ordering::Release);
         // A swap (acquire and release): should the stopping thread's last take, a swap too,
         // come before it, this one reads what that wrote, and so sees the flag set before it.
         lend.line.slot.store(Some(r));
+        if !done {
+            // Its task parks: the thread turns the reactor from now on.
+            lend.wake();
+        }
         if lend.flags.orphaned.load(Ordering::Relaxed) {
             // The thread stopped without it: stop it here.
             if let Some(mut r) = lend.line.slot.take() {
@@ -324,7 +399,7 @@ mod tests {
         use crate::reactor::tests::{rig, split_config};
         let rig = rig(split_config(8), 1);
         let (rt, idle) = (u64::MAX - 7, rig.idle.clone());
-        let lend = Lend::new(rt, idle, Arc::new(Quiet));
+        let lend = Lend::new(rt, idle, Arc::new(Quiet), false);
         lend.line.slot.store(Some(Box::new(rig.r)));
         let mut first = lend.lease();
         assert!(first.hold(false), "the reactor was in the slot");
@@ -342,5 +417,56 @@ mod tests {
         drop(free);
         let reactor = lend.line.slot.take().expect("the reactor is back in the slot");
         drop((reactor, rig.script, rig.told, rig.mem, rig.tx));
+    }
+
+    #[test]
+    fn a_napping_thread_takes_its_reactor_back_when_the_task_parks_and_when_it_lies_idle() {
+        use crate::reactor::tests::{rig, split_config};
+        use std::sync::mpsc;
+        let rig = rig(split_config(8), 1);
+        let rt = u64::MAX - 8;
+        let lend = Arc::new(Lend::new(rt, rig.idle.clone(), Arc::new(Quiet), true));
+        // The lending thread: lends the reactor out twice, saying when each ends.
+        let (back_tx, back) = mpsc::channel();
+        let thread = {
+            let lend = lend.clone();
+            std::thread::spawn(move || {
+                lend.set_thread(std::thread::current());
+                let mut r = Box::new(rig.r);
+                for _ in 0..2 {
+                    r = lend.lend_out(r).expect("not stopping");
+                    back_tx.send(Instant::now()).expect("the test listens");
+                }
+                drop(r);
+            })
+        };
+        let within = Duration::from_secs(5);
+        // A task takes it, holds it while the thread naps, and parks with its op out.
+        let t0 = Instant::now();
+        let mut lease = lend.lease();
+        while !lease.hold(false) {
+            assert!(t0.elapsed() < within, "the reactor came out");
+            std::thread::yield_now();
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(back.try_recv().is_err(), "the thread waits while a task holds it");
+        let parked = Instant::now();
+        lease.release(false);
+        let retaken = back.recv_timeout(within).expect("the thread took it back");
+        assert!(retaken >= parked);
+        // Out again, taken and put back done, then left idle in the slot: taken back after a
+        // nap or two.
+        let mut lease = lend.lease();
+        let t1 = Instant::now();
+        while !lease.hold(false) {
+            assert!(t1.elapsed() < within, "the reactor came out again");
+            std::thread::yield_now();
+        }
+        lease.release(true);
+        drop(lease);
+        back.recv_timeout(within).expect("the idle reactor was taken back");
+        thread.join().expect("the lending thread ends");
+        assert_eq!(lend.holds(), 2);
+        drop((rig.script, rig.told, rig.mem, rig.tx));
     }
 }

@@ -42,6 +42,9 @@ pub(crate) fn spawn(
     let mut reactor = Box::new(reactor);
     let name = if group == 0 { "rdmalane-reactor".to_string() } else { format!("rdmalane-rg{group}") };
     std::thread::Builder::new().name(name).spawn(move || {
+        if let Some(l) = &lend {
+            l.set_thread(std::thread::current());
+        }
         if let Some(core) = core {
             if core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
                 tracing::debug!(core, "reactor pinned");

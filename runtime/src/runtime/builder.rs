@@ -19,7 +19,7 @@ use crate::base::stats::Counters;
 use crate::base::transport::{Backend, Caps, RailId, TransportConfig};
 use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline::Slot;
-use crate::driver::lend::Lend;
+use crate::driver::lend::{Lend, LendWake};
 use crate::driver::thread::{self, IdlePolicy};
 use crate::reactor::cmd::GroupId;
 use crate::reactor::{Idle, Reactor};
@@ -108,6 +108,17 @@ impl Builder {
     /// handing both across to the reactor thread and back. Default: on wherever ops spin.
     pub fn await_drive(mut self, on: bool) -> Self {
         self.settings.await_drive = Some(on);
+        self
+    }
+
+    /// While a task turns the lent reactor (see [`await_drive`](Self::await_drive)), let its
+    /// thread park between its looks instead of spinning (or `RDMALANE_LEND_NAP=1|0` when unset
+    /// here). Spinning, the thread keeps a core busy for as long as a task drives the reactor;
+    /// napping, it takes an idle reactor back one or two naps of 10 µs after the task's last
+    /// op instead of 10 µs, and a parked task, a command and a stop unpark it. Default: off
+    /// (spin), until the latency it buys or costs is measured.
+    pub fn lend_nap(mut self, on: bool) -> Self {
+        self.settings.lend_nap = Some(on);
         self
     }
 
@@ -367,7 +378,7 @@ impl Builder {
         let mut taken = Vec::new();
         let drained = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for (g, (rails, transport)) in groups.iter().zip(transports).enumerate() {
-            let notifier = transport.notifier();
+            let mut notifier = transport.notifier();
             let wait_fd = transport.caps().wait_fd;
             let (tx, rx) = mpsc::channel();
             let idle = Arc::new(Idle::default());
@@ -407,9 +418,13 @@ impl Builder {
                         policy.woken_by_traffic = true;
                     }
                     if g == 0 && drive {
-                        lend = Some(Arc::new(Lend::new(id, idle.clone(), notifier.clone())));
+                        lend = Some(Arc::new(Lend::new(id, idle.clone(), notifier.clone(), set.lend_nap)));
                     }
                     let mine = if g == 0 { lend.clone() } else { None };
+                    if let Some(l) = mine.as_ref().filter(|l| l.naps()) {
+                        // Submitters and a stop unpark it while it naps with the reactor out.
+                        notifier = Arc::new(LendWake { transport: notifier, lend: l.clone() });
+                    }
                     let h = thread::spawn(reactor, g, core, idle.clone(), policy, mine)
                         .map_err(|e| Error::Io { op: OpKind::Open, peer: "-".into(), source: e })?;
                     let id = h.thread().id();

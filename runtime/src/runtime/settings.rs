@@ -23,6 +23,7 @@ pub(crate) struct Settings {
     pub poll_spacing: Option<Duration>,
     pub await_spin: Option<Duration>,
     pub await_drive: Option<bool>,
+    pub lend_nap: Option<bool>,
     pub express: Option<bool>,
     pub device_memory: Option<DevicePolicy>,
     pub mr_cache_bytes: Option<usize>,
@@ -61,6 +62,9 @@ pub(crate) struct Resolved {
     /// A spinning op's task turns the first reactor itself (see `driver::lend`); `None`: where
     /// ops spin.
     pub await_drive: Option<bool>,
+    /// The lending thread parks between its looks while a task has its reactor (see
+    /// `driver::lend`).
+    pub lend_nap: bool,
     /// An express rail (see `LaneMap`); `None`: by the host's cores and the provider.
     pub express: Option<bool>,
     /// Which path device memory may take.
@@ -133,6 +137,7 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         poll_spacing: s.poll_spacing.or(poll_spacing_env),
         await_spin: s.await_spin.or(await_spin_env),
         await_drive: s.await_drive.or(vars::flag("RDMALANE_AWAIT_DRIVE", var("RDMALANE_AWAIT_DRIVE"))?),
+        lend_nap: pick(s.lend_nap, vars::flag("RDMALANE_LEND_NAP", var("RDMALANE_LEND_NAP"))?, false),
         express: s.express.or(vars::flag("RDMALANE_EXPRESS", var("RDMALANE_EXPRESS"))?),
         device_memory: pick(
             s.device_memory,
