@@ -270,6 +270,11 @@ pub(crate) struct Standing(LeaseState, *const Lend);
 impl Standing {
     /// Neither held nor asked for.
     pub(crate) const FREE: Standing = Standing(LeaseState::Free, std::ptr::null());
+
+    /// Neither held nor asked for: nothing to go on with.
+    pub(crate) fn is_free(self) -> bool {
+        self.0 == LeaseState::Free
+    }
 }
 
 /// How a task stands with the reactor.

@@ -102,8 +102,9 @@ impl<B: IoBuf> Op<B> {
     /// start a transfer while preparing the next. (Otherwise the first poll does this.)
     pub fn start(mut self) -> Self {
         let standing = self.submit(false);
-        if let Inner::Pending(_, _, _, Some(lend)) = &self.inner {
-            lend.lease_at(standing).release(true);
+        match &self.inner {
+            Inner::Pending(_, _, _, Some(lend)) => lend.lease_at(standing).release(true),
+            _ => debug_assert!(standing.is_free(), "a hold goes on only in a pending op's lend"),
         }
         self
     }
@@ -256,6 +257,7 @@ impl<B: IoBuf> Future for Op<B> {
         // when the poll returns (at once where its task parks, see `driver::lend`).
         let standing = this.submit(true);
         let lend = this.take_lend();
+        debug_assert!(lend.is_some() || standing.is_free(), "a hold goes on only in a pending op's lend");
         let mut lease = lend.as_deref().map(|l| l.lease_at(standing));
         let out = this.poll_held(lease.as_mut(), cx);
         drop(lease);
