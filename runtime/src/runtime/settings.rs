@@ -413,6 +413,7 @@ mod tests {
             ("RDMALANE_LANES", "four"),
             ("RDMALANE_PEER_TIMEOUT_MS", "3s"),
             ("RDMALANE_TRUST_LOCAL_PEERS", "maybe"),
+            ("RDMALANE_LEND_NAP", "yes please"),
             ("RDMALANE_SCHEDULER", "lifo"),
         ] {
             let e = resolve(&Settings::default(), &with(&[(name, value)])).expect_err(name);
@@ -420,5 +421,11 @@ mod tests {
         }
         let blank = with(&[("RDMALANE_LANES", " ")]);
         assert_eq!(resolve(&Settings::default(), &blank).unwrap().lanes, 1, "an empty variable is unset");
+        let nap = |env: &[(&str, &str)], set: Option<bool>| {
+            resolve(&Settings { lend_nap: set, ..Settings::default() }, &with(env)).unwrap().lend_nap
+        };
+        assert!(!nap(&[], None), "the lending thread spins unless asked to nap");
+        assert!(nap(&[("RDMALANE_LEND_NAP", "1")], None));
+        assert!(!nap(&[("RDMALANE_LEND_NAP", "1")], Some(false)), "the builder's word wins");
     }
 }
