@@ -446,13 +446,17 @@ mod tests {
             })
         };
         let within = Duration::from_secs(5);
+        // A task's hold, once the thread has put the reactor out.
+        let take = || {
+            let (t0, mut lease) = (Instant::now(), lend.lease());
+            while !lease.hold(false) {
+                assert!(t0.elapsed() < within, "the reactor came out");
+                std::thread::yield_now();
+            }
+            lease
+        };
         // A task takes it, holds it while the thread naps, and parks with its op out.
-        let t0 = Instant::now();
-        let mut lease = lend.lease();
-        while !lease.hold(false) {
-            assert!(t0.elapsed() < within, "the reactor came out");
-            std::thread::yield_now();
-        }
+        let mut lease = take();
         std::thread::sleep(Duration::from_millis(30));
         assert!(back.try_recv().is_err(), "the thread waits while a task holds it");
         let parked = Instant::now();
@@ -461,12 +465,7 @@ mod tests {
         assert!(retaken >= parked);
         // Out again, taken and put back done, then left idle in the slot: taken back after a
         // nap or two.
-        let mut lease = lend.lease();
-        let t1 = Instant::now();
-        while !lease.hold(false) {
-            assert!(t1.elapsed() < within, "the reactor came out again");
-            std::thread::yield_now();
-        }
+        let mut lease = take();
         lease.release(true);
         drop(lease);
         back.recv_timeout(within).expect("the idle reactor was taken back");
