@@ -320,7 +320,7 @@ impl Endpoint {
         if let Some(view) = buf.staging() {
             return Op::staged(self.rt.clone(), draft, buf, view, locals);
         }
-        Op::new(self.rt.clone(), draft, buf)
+        Op::new(&self.rt, draft, buf)
     }
 }
 

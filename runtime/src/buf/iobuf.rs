@@ -1,5 +1,6 @@
 use crate::base::memory::{DmaBuf, Memory};
 use crate::base::transport::LocalSeg;
+use crate::runtime::Runtime;
 
 use super::staging::StagedView;
 
@@ -8,12 +9,19 @@ use super::staging::StagedView;
 /// # Safety
 /// `seg()` must describe memory that stays valid, at the same address, for as long as the value
 /// lives, even when the value is moved, and that is registered with the runtime `runtime_id()`
-/// names under the descriptor it gives.
+/// names under the descriptor it gives; `runtime()`, where it gives one, is that runtime.
 pub unsafe trait IoBuf: Send + 'static {
     /// The memory, its length and its registration descriptor.
     fn seg(&self) -> LocalSeg;
     /// The runtime this memory is registered with.
     fn runtime_id(&self) -> u64;
+    /// The runtime this memory is registered with, where the buffer holds a handle on it (a
+    /// registered buffer keeps its runtime alive): an op on it then takes no handle of its own.
+    /// Not for applications: the runtime's buffers implement it.
+    #[doc(hidden)]
+    fn runtime(&self) -> Option<&Runtime> {
+        None
+    }
     /// Length in bytes.
     fn bytes_len(&self) -> usize {
         self.seg().len
@@ -59,6 +67,9 @@ unsafe impl<T: IoBuf + Sync> IoBuf for std::sync::Arc<T> {
     }
     fn runtime_id(&self) -> u64 {
         (**self).runtime_id()
+    }
+    fn runtime(&self) -> Option<&Runtime> {
+        (**self).runtime()
     }
     fn memory(&self) -> Memory {
         (**self).memory()

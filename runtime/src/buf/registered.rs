@@ -171,6 +171,9 @@ unsafe impl IoBuf for RegisteredBuf {
     fn runtime_id(&self) -> u64 {
         self.reg.rt.id()
     }
+    fn runtime(&self) -> Option<&Runtime> {
+        Some(&self.reg.rt)
+    }
 }
 
 // SAFETY: the value owns the memory exclusively.

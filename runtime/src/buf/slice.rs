@@ -57,6 +57,9 @@ unsafe impl<B: IoBuf> IoBuf for Slice<B> {
     fn runtime_id(&self) -> u64 {
         self.buf.runtime_id()
     }
+    fn runtime(&self) -> Option<&crate::runtime::Runtime> {
+        self.buf.runtime()
+    }
     fn memory(&self) -> Memory {
         self.buf.memory()
     }

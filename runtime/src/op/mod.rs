@@ -30,8 +30,10 @@ use staged::StagedOp;
 enum Inner {
     /// The outcome; taken when the op resolves.
     Ready(Option<Result<usize, Box<Error>>>),
-    /// Built, not yet handed to the reactor: nothing happens before the first poll.
-    Unsubmitted(Runtime, Draft),
+    /// Built, not yet handed to the reactor: nothing happens before the first poll. The
+    /// runtime's handle, where the buffer holds none itself (`None`: the buffer's, which
+    /// spares a small op the reference count's two locked instructions).
+    Unsubmitted(Option<Runtime>, Draft),
     /// Handed to the reactor. Only the runtime's id is kept (to turn its reactor from here
     /// where this thread's inline driver holds it): the handle went with the request, let go
     /// of once the op was posted, off the latency path. (The op's buffer keeps the runtime
@@ -62,8 +64,17 @@ pub struct Op<B: IoBuf> {
 impl<B: IoBuf> Unpin for Op<B> {}
 
 impl<B: IoBuf> Op<B> {
-    pub(crate) fn new(rt: Runtime, draft: Draft, buf: B) -> Op<B> {
-        Op { inner: Inner::Unsubmitted(rt, draft), buf: Some(buf) }
+    pub(crate) fn new(rt: &Runtime, draft: Draft, buf: B) -> Op<B> {
+        let own = match buf.runtime() {
+            Some(r) if r.id() == rt.id() => None,
+            _ => Some(rt.clone()),
+        };
+        Op { inner: Inner::Unsubmitted(own, draft), buf: Some(buf) }
+    }
+
+    /// The runtime of an unsubmitted op: its own handle, or its buffer's.
+    fn runtime_of<'a>(own: &'a Option<Runtime>, buf: &'a Option<B>) -> Option<&'a Runtime> {
+        own.as_ref().or_else(|| buf.as_ref().and_then(IoBuf::runtime))
     }
 
     /// An op on a device buffer on the staging path (`buf.staging()` is `view`): `locals` are
@@ -135,7 +146,8 @@ impl<B: IoBuf> Op<B> {
             return Standing::FREE;
         }
         let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return Standing::FREE };
-        let Inner::Unsubmitted(rt, draft) = &self.inner else { return Standing::FREE };
+        let Inner::Unsubmitted(own, draft) = &self.inner else { return Standing::FREE };
+        let Some(rt) = Self::runtime_of(own, &self.buf) else { return Standing::FREE };
         let spin = rt.await_spin_for(draft.class, seg.len);
         // Through the runtime's reference: an op that finishes as it is posted takes no clone.
         let lend = rt.lend().filter(|_| !spin.is_off());
@@ -171,15 +183,17 @@ impl<B: IoBuf> Op<B> {
                 let standing = lease.map_or(Standing::FREE, Lease::detach);
                 // Put back should the submission unwind.
                 let lease = keep.as_deref().map(|l| l.lease_at(standing));
-                if let Inner::Unsubmitted(rt, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None))
+                if let Inner::Unsubmitted(own, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None))
                 {
                     // Pending before the reactor sees it: should anything in `submit` (another
                     // op's waker, say) unwind through here, the drop then keeps the buffer for
                     // the NIC.
                     let cell = OpCell::new();
-                    self.inner = Inner::Pending(rt.id(), cell.clone(), spin, None);
-                    if let Inner::Pending(_, mine, ..) = &self.inner {
-                        rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
+                    if let Some(rt) = Self::runtime_of(&own, &self.buf) {
+                        self.inner = Inner::Pending(rt.id(), cell.clone(), spin, None);
+                        if let Inner::Pending(_, mine, ..) = &self.inner {
+                            rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
+                        }
                     }
                 }
                 let standing = lease.map_or(Standing::FREE, Lease::detach);

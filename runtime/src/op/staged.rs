@@ -91,7 +91,7 @@ impl StagedOp {
                 k => k,
             };
         }
-        Op::new(self.rt.clone(), d, self.view.mirror_part(range))
+        Op::new(&self.rt, d, self.view.mirror_part(range))
     }
 
     /// Drive the plan: start what it allows, look at copies and transfers in flight.

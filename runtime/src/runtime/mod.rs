@@ -405,9 +405,9 @@ impl Runtime {
     /// `polled`: the op's cell, when its future is being polled: an op not done at posting then
     /// reaps at once, in the same reach of the held reactor (the inline turn its poll would
     /// take next).
-    /// Takes the op's handle on the runtime, and lets go of it once the op is posted (off the
-    /// latency path).
-    pub(crate) fn submit(self, req: OpReq, polled: Option<&OpCell>) {
+    /// The op's own handle on the runtime, where it has one, goes once the op is posted (off
+    /// the latency path).
+    pub(crate) fn submit(&self, req: OpReq, polled: Option<&OpCell>) {
         let req = match self.inner.groups.len() {
             1 => req,
             // What goes whole to the first group takes the path below (the inline driver's
