@@ -53,6 +53,42 @@ fn writes_into_offsets_of_a_region_land_exactly_there() {
 }
 
 #[test]
+fn ops_on_shared_and_sliced_registered_buffers_reach_the_runtime_through_them() {
+    // An op on registered memory reaches its runtime through the buffer's own handle: an `Arc`
+    // of a buffer and a slice of one pass it on.
+    for p in providers() {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let (target, remote) = expose_to(&ba, &ab, 8192, Access::WRITE).await;
+            let (want, src) = filled(&a, 4096, 11);
+            let src = std::sync::Arc::new(src);
+            let (first, second) = futures::join!(
+                ab.write_remote(src.clone(), &remote.slice(0..4096).unwrap()),
+                ab.write_remote(src.clone(), &remote.slice(4096..8192).unwrap()),
+            );
+            assert_eq!(first.0.unwrap_or_else(|e| panic!("{p}: shared write: {e}")), 4096);
+            assert_eq!(second.0.unwrap_or_else(|e| panic!("{p}: shared write: {e}")), 4096);
+            let t = target.as_slice();
+            assert!(t[..4096] == want[..] && t[4096..] == want[..], "{p}: shared source not written");
+
+            let (want, msg) = filled(&b, 32, 12);
+            let recv = ab.recv(a.alloc(64).unwrap().slice(8..40).unwrap()).start();
+            let (r, _) = ba.send(msg).await;
+            r.unwrap_or_else(|e| panic!("{p}: send: {e}"));
+            let (r, got) = recv.await;
+            assert_eq!(r.unwrap_or_else(|e| panic!("{p}: receive into a slice: {e}")), 32);
+            assert!(got[..] == want[..], "{p}: the slice holds other bytes");
+            let whole = got.into_inner();
+            assert!(
+                whole[..8].iter().chain(&whole[40..]).all(|&x| x == 0),
+                "{p}: bytes outside the slice touched"
+            );
+        });
+    }
+}
+
+#[test]
 fn send_and_recv_carry_messages_of_every_size() {
     for p in providers() {
         bounded(60, async {
