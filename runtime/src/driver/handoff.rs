@@ -40,9 +40,15 @@ pub(crate) const SKIP_MAX: u32 = 64;
 /// --driver thread`, shm, 16 cores), as runs of 4 outcomes did (0.99 to 1.23).
 pub(crate) const RUN_SPAN: Duration = Duration::from_micros(20);
 
-/// Outcomes of a run between two looks at the clock (a look costs about what taking an
-/// outcome does).
+/// Outcomes of a run before its first look at the clock (a look costs about what taking an
+/// outcome over a null transport does).
 const RUN_LOOK: u32 = 4;
+
+/// The most outcomes between two later looks: each is spaced by the run's pace so far to come
+/// about a quarter of [`RUN_SPAN`] after the last, so a run of cheap outcomes (a loop over
+/// memory the provider copies at once) reads the clock seldom while slow ones (a tcp round
+/// trip each) look at every one. The cap bounds what a run that slows down runs past its span.
+const RUN_LOOK_MAX: u32 = 16;
 
 /// The spin budget where the host has cores to spare (see `default_budget`).
 pub(crate) const DEFAULT_BUDGET: Duration = Duration::from_micros(50);
@@ -117,7 +123,7 @@ impl Backoff {
 thread_local! {
     static BACKOFF: Cell<Backoff> = const { Cell::new(Backoff { skip: 0, next: 0 }) };
     /// The run of outcomes taken by spinning since this thread's task last waited or yielded.
-    static RUN: Cell<Run> = const { Cell::new(Run { taken: 0, since: None }) };
+    static RUN: Cell<Run> = const { Cell::new(Run { taken: 0, since: None, look: 0 }) };
 }
 
 /// A run of outcomes reached by spinning, with no wait in between.
@@ -127,24 +133,35 @@ struct Run {
     taken: u32,
     /// When its first was taken (`None`: no run yet).
     since: Option<Instant>,
+    /// The count of outcomes at which it next looks at the clock.
+    look: u32,
 }
 
 /// An op spun to its outcome: may its poll take it now? False once the run has lasted
-/// [`RUN_SPAN`] (looked at every [`RUN_LOOK`] outcomes): then its task should yield once
-/// first, and a new run starts.
+/// [`RUN_SPAN`] (looked at after [`RUN_LOOK`] outcomes, then at its own pace, see
+/// [`RUN_LOOK_MAX`]): then its task should yield once first, and a new run starts.
 pub(crate) fn may_take() -> bool {
     let mut run = RUN.get();
     run.taken += 1;
     let Some(since) = run.since else {
-        RUN.set(Run { taken: 1, since: Some(Instant::now()) });
+        RUN.set(Run { taken: 1, since: Some(Instant::now()), look: RUN_LOOK });
         return true;
     };
-    if !run.taken.is_multiple_of(RUN_LOOK) || since.elapsed() < RUN_SPAN {
+    if run.taken < run.look {
         RUN.set(run);
         return true;
     }
-    RUN.set(Run::default());
-    false
+    let lasted = since.elapsed();
+    if lasted >= RUN_SPAN {
+        RUN.set(Run::default());
+        return false;
+    }
+    // The next look about a quarter of the span on, at the pace so far.
+    let per = (lasted.as_nanos() as u64 / u64::from(run.taken)).max(1);
+    let step = (RUN_SPAN.as_nanos() as u64 / 4 / per).clamp(1, u64::from(RUN_LOOK_MAX)) as u32;
+    run.look = run.taken + step;
+    RUN.set(run);
+    true
 }
 
 /// The polling task is about to wait for a wake-up: its run of spun outcomes is over.
@@ -293,6 +310,37 @@ mod tests {
         std::thread::sleep(RUN_SPAN * 2);
         waits();
         assert!((0..RUN_LOOK - 1).all(|_| may_take()), "a wait starts a new run");
+        waits();
+    }
+
+    #[test]
+    fn a_run_looks_at_the_clock_at_its_own_pace() {
+        let spin = |d: Duration| {
+            let t = Instant::now();
+            while t.elapsed() < d {
+                std::hint::spin_loop();
+            }
+        };
+        // Cheap outcomes: the look after the first comes the most outcomes on. (A thread
+        // preempted meanwhile paces itself slower; only an unhindered run is judged.)
+        waits();
+        let t = Instant::now();
+        let took = (0..RUN_LOOK).all(|_| may_take());
+        if took && t.elapsed() < RUN_SPAN / 64 {
+            assert_eq!(RUN.get().look, RUN_LOOK + RUN_LOOK_MAX, "a cheap run looks seldom");
+        }
+        // Outcomes a tenth of the span apart: the next look comes within a few (or, preempted,
+        // at once, or the run has lasted its span and yields).
+        waits();
+        for _ in 0..RUN_LOOK {
+            spin(RUN_SPAN / 10);
+            if !may_take() {
+                waits();
+                return;
+            }
+        }
+        let run = RUN.get();
+        assert!(run.look - run.taken <= 3, "a slow run looks often: {run:?}");
         waits();
     }
 
