@@ -15,7 +15,7 @@ use crate::buf::IoBuf;
 use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline;
 use crate::driver::lend::{Lease, Lend, Standing};
-use crate::reactor::cell::{Done, OpCell};
+use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::Draft;
 use crate::reactor::AtOnce;
 use crate::runtime::Runtime;
@@ -167,7 +167,7 @@ impl<B: IoBuf> Op<B> {
                     l.release(true);
                 }
                 drop(lease);
-                self.inner = Inner::Ready(Some(res.map(|d| d.len).map_err(Box::new)));
+                self.inner = Inner::Ready(Some(res));
                 Standing::FREE
             }
             Some(AtOnce::InFlight(cell)) => {
@@ -215,8 +215,8 @@ impl<B: IoBuf> Op<B> {
         spin: AwaitSpin,
         lease: Option<&mut Lease<'_>>,
         cx: &mut Context<'_>,
-    ) -> Option<Result<Done, Error>> {
-        if let Some(o) = cell.outcome() {
+    ) -> Option<Result<usize, Box<Error>>> {
+        if let Some(o) = cell.taken() {
             return Some(o);
         }
         // On the thread driving the reactor inline, reap here: a completion already in the
@@ -224,20 +224,20 @@ impl<B: IoBuf> Op<B> {
         // caller's futures. (Not before the first look: a turn can cost a provider's progress
         // call, which an op completed at posting does not need.)
         if inline::turn_inline(rt) {
-            if let Some(o) = cell.outcome() {
+            if let Some(o) = cell.taken() {
                 return Some(o);
             }
         }
         // Awaited directly by the inline driver of this thread: it polls again when a parked
         // op completes, so no waker is stored or woken.
         if inline::drives_here(rt, cx) {
-            return if cell.park() { cell.outcome() } else { None };
+            return if cell.park() { cell.taken() } else { None };
         }
         // A reactor thread completes it: a latency-class op watches for that a little before
         // its task parks (see `handoff`).
         if handoff::spin_until_done(cell, spin, rt, lease) {
             if handoff::may_take() {
-                return cell.outcome();
+                return cell.taken();
             }
             // A long run of ops that never waited: let what the task is joined with run.
             cx.waker().wake_by_ref();
@@ -248,7 +248,7 @@ impl<B: IoBuf> Op<B> {
         }
         let done = cell.register(cx.waker());
         if done {
-            cell.outcome()
+            cell.taken()
         } else {
             None
         }
@@ -276,24 +276,32 @@ impl<B: IoBuf> Future for Op<B> {
         let out = this.poll_held(lease.as_mut(), cx);
         drop(lease);
         this.keep_lend(lend);
-        out
+        // The outcome was two words up to here (an error boxed): the result is written once,
+        // into the caller's slot.
+        match out {
+            Poll::Ready(res) => {
+                let buf = this.buf.take().expect("Op polled after completion");
+                Poll::Ready((res.map_err(|e| *e), buf))
+            }
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
 impl<B: IoBuf> Op<B> {
     /// The poll, with its hold on the lent reactor (if any), which it puts back before it
-    /// returns.
+    /// returns; the buffer stays in the op.
     fn poll_held(
         &mut self,
         mut lease: Option<&mut Lease<'_>>,
         cx: &mut Context<'_>,
-    ) -> Poll<BufResult<usize, B>> {
+    ) -> Poll<Result<usize, Box<Error>>> {
         let out = match &mut self.inner {
-            Inner::Ready(r) => r.take().expect("Op polled after completion").map_err(|e| *e),
+            Inner::Ready(r) => r.take().expect("Op polled after completion"),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
             Inner::Pending(rt, cell, spin, _) => {
                 match Self::outcome(cell, *rt, *spin, lease.as_deref_mut(), cx) {
-                    Some(o) => o.map(|d| d.len),
+                    Some(o) => o,
                     None => {
                         // Yielding with the outcome kept (a long run of spun ops), the task is
                         // back at once: the reactor stays in the slot. Else it parks, and the
@@ -306,7 +314,7 @@ impl<B: IoBuf> Op<B> {
                 }
             }
             Inner::Staged(s) => match s.poll(cx) {
-                Poll::Ready(r) => r,
+                Poll::Ready(r) => r.map_err(Box::new),
                 Poll::Pending => return Poll::Pending,
             },
         };
@@ -320,8 +328,7 @@ impl<B: IoBuf> Op<B> {
         if let Some(l) = lease {
             l.release(true);
         }
-        let buf = self.buf.take().expect("Op polled after completion");
-        Poll::Ready((out, buf))
+        Poll::Ready(out)
     }
 }
 

@@ -243,7 +243,19 @@ impl OpCell {
         }
     }
 
-    /// The outcome, once there. Read once by the future that owns the op (an error moves out).
+    /// The outcome, once there, as the op's future takes it: the bytes moved, or the error
+    /// (read once: it moves out). Two words, so it comes back in registers (a larger value
+    /// returned through memory stalls the read that copies it on store forwarding).
+    pub(crate) fn taken(&self) -> Option<Result<usize, Box<Error>>> {
+        match self.state.load(Ordering::Acquire) & OUTCOME {
+            0 => None,
+            OK | OK_IMM => Some(Ok(self.len.load(Ordering::Relaxed))),
+            _ => Some(Err(Box::new(self.rare().error.take().expect("an op's outcome is read once")))),
+        }
+    }
+
+    /// The whole outcome, once there, with the immediate value (read once: an error moves out).
+    #[cfg(test)]
     pub(crate) fn outcome(&self) -> Option<Result<Done, Error>> {
         let imm = match self.state.load(Ordering::Acquire) & OUTCOME {
             0 => return None,

@@ -158,15 +158,10 @@ fn cell_key(cell: &Arc<OpCell>) -> usize {
     Arc::as_ptr(cell) as usize
 }
 
-/// Complete an op cell and count the outcome.
+/// Complete an op cell and count the outcome, as completed or failed.
 fn settle_cell(counters: &Counters, cell: &OpCell, res: Result<Done, Error>) {
-    cell.complete(count_outcome(counters, res));
-}
-
-/// An op's outcome, counted as completed or failed.
-fn count_outcome(counters: &Counters, res: Result<Done, Error>) -> Result<Done, Error> {
     Counters::add(if res.is_ok() { &counters.completed } else { &counters.failed });
-    res
+    cell.complete(res);
 }
 
 impl Reactor {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::cell::{Done, OpCell};
 use super::cmd::{Draft, OpReq};
-use super::{count_outcome, Held, InFlight, Phase, Reactor};
+use super::{Held, InFlight, Phase, Reactor};
 use crate::base::batch::MAX_SGE;
 use crate::base::control::Ctl;
 use crate::base::error::Error;
@@ -18,10 +18,12 @@ use crate::base::transport::WrId;
 use crate::base::transport::{Access, LocalSeg, PostError, Posted, RailId, WorkRequest, WrKind};
 use crate::buf::lease;
 
-/// What became of an op posted at once ([`Reactor::post_at_once`]).
+/// What became of an op posted at once ([`Reactor::post_at_once`]). Two words: it comes back
+/// in registers (a value returned through memory, written field by field and read back whole,
+/// stalls the read on store forwarding; that was a fifth of a small send's poll).
 pub(crate) enum AtOnce {
-    /// It finished as it was posted, or failed: no cell was made.
-    Finished(Result<Done, Error>),
+    /// It finished as it was posted (the bytes moved), or failed: no cell was made.
+    Finished(Result<usize, Box<Error>>),
     /// It is in flight, or queued behind a full provider queue: its outcome comes in this cell.
     InFlight(Arc<OpCell>),
 }
@@ -103,7 +105,8 @@ impl Reactor {
         let (op, kind) = (draft.op, draft.kind);
         Some(match posted {
             Ok(Posted::Completed) => {
-                AtOnce::Finished(count_outcome(&self.counters, Ok(Done { len: seg.len, imm: None })))
+                Counters::add(&self.counters.completed);
+                AtOnce::Finished(Ok(seg.len))
             }
             Ok(Posted::Queued) => {
                 let cell = OpCell::new();
@@ -118,7 +121,8 @@ impl Reactor {
             }
             Err(PostError::Failed(e)) => {
                 let err = Error::from_transport(op, &self.peers[peer].label, e);
-                AtOnce::Finished(count_outcome(&self.counters, Err(err)))
+                Counters::add(&self.counters.failed);
+                AtOnce::Finished(Err(Box::new(err)))
             }
         })
     }
