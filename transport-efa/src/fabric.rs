@@ -891,10 +891,10 @@ impl Transport for FabricTransport {
         let mut desc = [ptr::null_mut::<std::ffi::c_void>(); 4];
         let n = wr.local.len();
         if n == 0 || n > iov.len().min(self.caps.iov_limit) {
-            return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "scatter list length")));
+            return Err(PostError::failed(self.err(-(ffi::FI_EINVAL as i64), "scatter list length")));
         }
         let Some(&Lane { ep, rail, .. }) = self.lanes.get(wr.lane.index()) else {
-            return Err(PostError::Failed(self.err(-(ffi::FI_EINVAL as i64), "post: no such lane")));
+            return Err(PostError::failed(self.err(-(ffi::FI_EINVAL as i64), "post: no such lane")));
         };
         let multi = self.rails.len() > 1;
         for (k, LocalSeg { ptr, len, desc: d }) in wr.local.iter().enumerate() {
@@ -906,7 +906,7 @@ impl Transport for FabricTransport {
                 (d, true) => match self.mrs.get(d - 1) {
                     Some(m) => m.descs[rail] as *mut _,
                     None => {
-                        return Err(PostError::Failed(
+                        return Err(PostError::failed(
                             self.err(-(ffi::FI_EINVAL as i64), "post: unknown region"),
                         ))
                     }
@@ -966,7 +966,7 @@ impl Transport for FabricTransport {
                     return match r {
                         0 => Ok(Posted::Completed),
                         r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
-                        r => Err(PostError::Failed(self.err(r as i64, "fi_inject"))),
+                        r => Err(PostError::failed(self.err(r as i64, "fi_inject"))),
                     };
                 }
                 let msg = plain_msg(&mut iov, &mut desc, n, wr.peer, context, data);
@@ -985,7 +985,7 @@ impl Transport for FabricTransport {
         match ret {
             0 => Ok(Posted::Queued),
             r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
-            r => Err(PostError::Failed(self.err(r as i64, "post"))),
+            r => Err(PostError::failed(self.err(r as i64, "post"))),
         }
     }
 

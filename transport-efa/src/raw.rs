@@ -220,7 +220,7 @@ impl RawEngine {
 }
 
 fn bad(why: &str) -> PostError {
-    PostError::Failed(rdmalane::TransportError {
+    PostError::failed(rdmalane::TransportError {
         provider: "raw".into(),
         errno: libc::EINVAL,
         text: why.into(),

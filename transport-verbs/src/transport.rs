@@ -557,14 +557,14 @@ impl Transport for VerbsTransport {
     unsafe fn post(&mut self, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
         let prov = &self.caps.provider;
         let Some(lane) = self.lanes.get_mut(wr.lane.index()) else {
-            return Err(PostError::Failed(plain(
+            return Err(PostError::failed(plain(
                 prov,
                 FailureClass::Other,
                 format!("post: no lane {}", wr.lane),
             )));
         };
         if let Some(why) = &lane.failed {
-            return Err(PostError::Failed(plain(
+            return Err(PostError::failed(plain(
                 prov,
                 FailureClass::PeerUnreachable,
                 format!("the lane's queue pair is in the error state ({why}); establish the endpoint again"),
@@ -572,7 +572,7 @@ impl Transport for VerbsTransport {
         }
         let n = wr.local.len();
         if n == 0 || n > self.caps.iov_limit {
-            return Err(PostError::Failed(plain(
+            return Err(PostError::failed(plain(
                 prov,
                 FailureClass::Other,
                 format!("{n} scatter entries (1..={})", self.caps.iov_limit),
@@ -586,7 +586,7 @@ impl Transport for VerbsTransport {
             total += l.len;
         }
         if total > self.caps.max_msg_size {
-            return Err(PostError::Failed(plain(
+            return Err(PostError::failed(plain(
                 prov,
                 FailureClass::Truncated,
                 format!("{total} bytes exceed the port's {} byte messages", self.caps.max_msg_size),
@@ -606,7 +606,7 @@ impl Transport for VerbsTransport {
                 return Err(if r.abs() == libc::ENOMEM {
                     PostError::Again
                 } else {
-                    PostError::Failed(call_error(prov, "ibv_post_recv", r))
+                    PostError::failed(call_error(prov, "ibv_post_recv", r))
                 });
             }
             if self.recv_slots.len() <= slot {
@@ -620,7 +620,7 @@ impl Transport for VerbsTransport {
             *r = false;
         }
         if !lane.connected {
-            return Err(PostError::Failed(plain(
+            return Err(PostError::failed(plain(
                 prov,
                 FailureClass::Other,
                 "post: the lane is not connected yet".into(),
@@ -642,7 +642,7 @@ impl Transport for VerbsTransport {
         // this device's.
         if let WrKind::Write { remote_addr, key, .. } | WrKind::Read { remote_addr, key } = wr.kind {
             let Ok(rkey) = u32::try_from(key) else {
-                return Err(PostError::Failed(plain(
+                return Err(PostError::failed(plain(
                     prov,
                     FailureClass::RemoteAccess,
                     format!("key {key:#x} is not a verbs rkey"),

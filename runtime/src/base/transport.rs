@@ -278,13 +278,21 @@ pub enum Posted {
     Completed,
 }
 
-/// Why a post did not happen.
+/// Why a post did not happen. One word: a post's result comes back in registers (the error is
+/// boxed on its rare path).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PostError {
     /// The queue is full: reap completions and try again.
     Again,
     /// The provider refused the work request.
-    Failed(TransportError),
+    Failed(Box<TransportError>),
+}
+
+impl PostError {
+    /// The provider refused the work request with `e`.
+    pub fn failed(e: TransportError) -> PostError {
+        PostError::Failed(Box::new(e))
+    }
 }
 
 /// Wakes a transport sleeping in [`Transport::wait`], from any thread.

@@ -101,7 +101,8 @@ impl Reactor {
             self.sched.note_latency();
         }
         Counters::add(&self.counters.submitted);
-        let (id, posted) = self.post_whole(peer, draft.kind, seg);
+        let id = self.next_id();
+        let posted = self.post_whole(id, peer, draft.kind, seg);
         let (op, kind) = (draft.op, draft.kind);
         Some(match posted {
             Ok(Posted::Completed) => {
@@ -120,7 +121,7 @@ impl Reactor {
                 AtOnce::InFlight(cell)
             }
             Err(PostError::Failed(e)) => {
-                let err = Error::from_transport(op, &self.peers[peer].label, e);
+                let err = Error::from_transport(op, &self.peers[peer].label, *e);
                 Counters::add(&self.counters.failed);
                 AtOnce::Finished(Err(Box::new(err)))
             }
@@ -292,7 +293,7 @@ impl Reactor {
                 }
                 Err(PostError::Failed(e)) => {
                     let h = self.held[c.op.0].as_ref().expect("held");
-                    let e = Error::from_transport(h.req.op, &self.peers[h.req.peer].label, e);
+                    let e = Error::from_transport(h.req.op, &self.peers[h.req.peer].label, *e);
                     self.chunk_failed(c, e);
                     if let Some(done) = self.sched.complete(c, false) {
                         self.settle_held(done);
@@ -349,7 +350,8 @@ impl Reactor {
             self.settle(&req.cell, Err(err));
             return Ok(());
         }
-        let (id, posted) = self.post_whole(req.peer, req.kind, req.seg);
+        let id = self.next_id();
+        let posted = self.post_whole(id, req.peer, req.kind, req.seg);
         match posted {
             Ok(Posted::Completed) => {
                 self.settle(&req.cell, Ok(Done { len: req.seg.len, imm: None }));
@@ -361,23 +363,30 @@ impl Reactor {
             Err(PostError::Again) => return Err(req),
             Err(PostError::Failed(e)) => {
                 let label = &self.peers[req.peer].label;
-                self.settle(&req.cell, Err(Error::from_transport(req.op, label, e)));
+                self.settle(&req.cell, Err(Error::from_transport(req.op, label, *e)));
             }
         }
         Ok(())
     }
 
+    /// The id of the next whole op posted: the next free slot of `inflight`, in a new
+    /// generation.
+    pub(super) fn next_id(&mut self) -> WrId {
+        self.generation += 1;
+        WrId::new(self.inflight.vacant_key(), self.generation)
+    }
+
     /// Post a whole op that bypasses the scheduler (on the peer's first lane, where its
-    /// receives are), as the request id returned, the next free slot of `inflight`.
+    /// receives are) as request `id` (from [`next_id`](Self::next_id)). The id is the
+    /// caller's, not returned: the result alone comes back in registers.
     pub(super) fn post_whole(
         &mut self,
+        id: WrId,
         peer: PeerSlot,
         kind: WrKind,
         seg: LocalSeg,
-    ) -> (WrId, Result<Posted, PostError>) {
+    ) -> Result<Posted, PostError> {
         let super::peers::Route { lane, addr, .. } = self.peers[peer].lanes[0];
-        self.generation += 1;
-        let id = WrId::new(self.inflight.vacant_key(), self.generation);
         // A receive larger than any message the provider takes posts what it can take: a
         // larger message comes as a rendezvous marker and is read into the whole buffer.
         let local = LocalSeg { len: seg.len.min(self.provider_max), ..seg };
@@ -390,7 +399,7 @@ impl Reactor {
                 self.counters.add_rail_bytes(rail, local.len);
             }
         }
-        (id, posted)
+        posted
     }
 
     /// A request `post_whole` posted is in flight.

@@ -230,7 +230,7 @@ impl Transport for Scripted {
             }
             Answer::Completed => Ok(Posted::Completed),
             Answer::Again => Err(PostError::Again),
-            Answer::Fail(e) => Err(PostError::Failed(e)),
+            Answer::Fail(e) => Err(PostError::failed(e)),
         }
     }
 
