@@ -603,7 +603,7 @@ impl FabricTransport {
         }
         // SAFETY: every context we post points at a live `Ctx` in `self.ctxs`.
         let id = unsafe { (*(e.op_context as *const Ctx)).id };
-        out.push(Completion::Op { id, len: 0, imm: None, status: Err(status) });
+        out.push(Completion::Op { id, len: 0, imm: None, status: Err(Box::new(status)) });
     }
 }
 

@@ -244,7 +244,7 @@ impl VerbsTransport {
                         id: WrId::from_raw(p.wr.wr_id),
                         len: 0,
                         imm: None,
-                        status: Err(e.clone()),
+                        status: Err(Box::new(e.clone())),
                     },
                 ));
             }
@@ -314,7 +314,7 @@ impl VerbsTransport {
                     }
                     _ => fail_lane(lane, e.to_string()),
                 }
-                Err(e)
+                Err(Box::new(e))
             };
             if is_recv {
                 self.recv_slots[slot] = false;

@@ -122,7 +122,7 @@ impl Reactor {
         id: WrId,
         len: usize,
         imm: Option<u64>,
-        status: Result<(), TransportError>,
+        status: Result<(), Box<TransportError>>,
     ) {
         let slot = id.slot();
         if self.inflight.get(slot).is_none_or(|f| f.id != id) {
@@ -139,7 +139,7 @@ impl Reactor {
                 peer: peer.label.clone(),
                 reason: format!("{reason}; {e}").into(),
             },
-            None => Error::from_transport(f.op, &peer.label, e),
+            None => Error::from_transport(f.op, &peer.label, *e),
         });
         if let Some(Error::Transport { source, .. }) = &err {
             if source.class == FailureClass::Cancelled {

@@ -375,7 +375,7 @@ impl Reactor {
                 text: "lane closed".into(),
                 class: FailureClass::PeerUnreachable,
             };
-            self.on_completion(id, 0, None, Err(e));
+            self.on_completion(id, 0, None, Err(Box::new(e)));
         }
         let peer = self.peers[slot].label.clone();
         let why = |op| Error::PeerLost { op, peer: peer.clone(), reason: reason.clone() };

@@ -124,7 +124,12 @@ impl Script {
         let mut s = self.state();
         let i = s.pending.iter().position(|w| w.id == id).expect("a pending work request");
         let wr = s.pending.remove(i);
-        s.ready.push_back(Completion::Op { id, len: len.unwrap_or(wr.len), imm, status });
+        s.ready.push_back(Completion::Op {
+            id,
+            len: len.unwrap_or(wr.len),
+            imm,
+            status: status.map_err(Box::new),
+        });
     }
 
     /// Complete every pending request successfully, newest first.
