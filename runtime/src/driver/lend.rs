@@ -21,14 +21,14 @@
 //! On [`Lease`]: this thread holds the reactor through the inline driver's thread-local hold,
 //! so the paths that post at once and turn where the reactor is held serve it unchanged.
 //!
-//! While the reactor is out, the thread spins on what it watches, a core of its own. Asked to
-//! nap instead (`Builder::lend_nap`), it parks for [`REHOLD`] at a time between its looks: a
-//! task that parks with its op out, a command, and a stop each unpark it (through
-//! [`LendWake`], the group's notifier, and the `sleeping` flag the thread raises while it
-//! naps), and a reactor left idle in the slot is taken back one or two naps after its last
-//! put instead of one `REHOLD`. What a core spinning beside the ping-pong costs the two cores
-//! that run it is to be measured on a host with cores to spare (`scripts/device/spinners.sh`);
-//! until then the spin stays the default.
+//! While the reactor is out, the thread naps by default (`Builder::lend_nap`): it parks for
+//! [`REHOLD`] at a time between its looks, and a task that parks with its op out, a command,
+//! and a stop each unpark it (through [`LendWake`], the group's notifier, and the `sleeping`
+//! flag the thread raises while it naps); a reactor left idle in the slot is taken back one or
+//! two naps after its last put instead of one `REHOLD`. Asked to spin instead, it watches on a
+//! core of its own. On 16 cores the two read the same single-op latencies within their
+//! run-to-run spread (`scripts/device/spinners.sh`, and the heart check with each), so the
+//! nap, which gives a task's driving a core instead of two, is the default.
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -137,7 +137,7 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         poll_spacing: s.poll_spacing.or(poll_spacing_env),
         await_spin: s.await_spin.or(await_spin_env),
         await_drive: s.await_drive.or(vars::flag("RDMALANE_AWAIT_DRIVE", var("RDMALANE_AWAIT_DRIVE"))?),
-        lend_nap: pick(s.lend_nap, vars::flag("RDMALANE_LEND_NAP", var("RDMALANE_LEND_NAP"))?, false),
+        lend_nap: pick(s.lend_nap, vars::flag("RDMALANE_LEND_NAP", var("RDMALANE_LEND_NAP"))?, true),
         express: s.express.or(vars::flag("RDMALANE_EXPRESS", var("RDMALANE_EXPRESS"))?),
         device_memory: pick(
             s.device_memory,
@@ -424,8 +424,9 @@ mod tests {
         let nap = |env: &[(&str, &str)], set: Option<bool>| {
             resolve(&Settings { lend_nap: set, ..Settings::default() }, &with(env)).unwrap().lend_nap
         };
-        assert!(!nap(&[], None), "the lending thread spins unless asked to nap");
-        assert!(nap(&[("RDMALANE_LEND_NAP", "1")], None));
+        assert!(nap(&[], None), "the lending thread naps unless asked to spin");
+        assert!(!nap(&[("RDMALANE_LEND_NAP", "0")], None));
         assert!(!nap(&[("RDMALANE_LEND_NAP", "1")], Some(false)), "the builder's word wins");
+        assert!(nap(&[("RDMALANE_LEND_NAP", "0")], Some(true)), "the builder's word wins");
     }
 }
