@@ -162,12 +162,14 @@ impl Endpoint {
     /// reads it from `buf`, which stays exposed read-only to that peer until it has, and the
     /// send completes then. A peer whose receive buffer is too small fails both sides'
     /// operations (`FailureClass::Truncated`).
+    #[inline]
     pub fn send<B: IoBuf>(&self, buf: B) -> Op<B> {
         self.two_sided(OpKind::Send, buf, WrKind::Send { imm: None })
     }
 
     /// Receive one message from this peer into `buf`; resolves to its length. A message longer
     /// than `buf` fails the receive.
+    #[inline]
     pub fn recv<B: IoBufMut>(&self, buf: B) -> Op<B> {
         self.two_sided(OpKind::Recv, buf, WrKind::Recv)
     }
@@ -195,7 +197,24 @@ impl Endpoint {
         Ok(d)
     }
 
+    /// May `buf` carry `op` here? The common case (this runtime's buffer, within the largest
+    /// message, not empty where one-sided) is settled inline, on a small op's path; anything
+    /// else is looked at in full by [`check_local_fully`](Self::check_local_fully).
+    #[inline]
     fn check_local<B: IoBuf>(&self, op: OpKind, buf: &B) -> Result<(), Error> {
+        let len = buf.bytes_len();
+        let one_sided = matches!(op, OpKind::Write | OpKind::WriteImm | OpKind::Read);
+        if buf.runtime_id() == self.rt.id() && len <= self.rt.caps().max_msg_size && (len > 0 || !one_sided) {
+            return Ok(());
+        }
+        self.check_local_fully(op, buf)
+    }
+
+    /// [`check_local`](Self::check_local) past its common case: the error that names what is
+    /// wrong, or `Ok` for an op that goes split or by rendezvous.
+    #[cold]
+    #[inline(never)]
+    fn check_local_fully<B: IoBuf>(&self, op: OpKind, buf: &B) -> Result<(), Error> {
         if buf.runtime_id() != self.rt.id() {
             return Err(Error::invalid(op, "buffer is registered with another runtime"));
         }
@@ -277,6 +296,7 @@ impl Endpoint {
         Ok(())
     }
 
+    #[inline]
     fn two_sided<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
         if let Err(e) = self.check_local(op, &buf) {
             return Op::failed(e, buf);
@@ -284,10 +304,12 @@ impl Endpoint {
         self.submit(op, buf, kind)
     }
 
+    #[inline]
     fn submit<B: IoBuf>(&self, op: OpKind, buf: B, kind: WrKind) -> Op<B> {
         self.submit_with(op, buf, kind, None, None, None)
     }
 
+    #[inline]
     fn submit_with<B: IoBuf>(
         &self,
         op: OpKind,

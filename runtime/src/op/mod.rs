@@ -64,6 +64,7 @@ pub struct Op<B: IoBuf> {
 impl<B: IoBuf> Unpin for Op<B> {}
 
 impl<B: IoBuf> Op<B> {
+    #[inline]
     pub(crate) fn new(rt: &Runtime, draft: Draft, buf: B) -> Op<B> {
         let own = match buf.runtime() {
             Some(r) if r.id() == rt.id() => None,
