@@ -254,19 +254,13 @@ impl OpCell {
         }
     }
 
-    /// The whole outcome, once there, with the immediate value (read once: an error moves out).
+    /// The whole outcome, once there, with the immediate value (read once: an error moves out):
+    /// [`taken`](Self::taken)'s, with the value beside the length.
     #[cfg(test)]
     pub(crate) fn outcome(&self) -> Option<Result<Done, Error>> {
-        let imm = match self.state.load(Ordering::Acquire) & OUTCOME {
-            0 => return None,
-            OK => None,
-            OK_IMM => Some(self.imm.load(Ordering::Relaxed)),
-            _ => {
-                let e = self.rare().error.take().expect("an op's outcome is read once");
-                return Some(Err(e));
-            }
-        };
-        Some(Ok(Done { len: self.len.load(Ordering::Relaxed), imm }))
+        let imm = (self.state.load(Ordering::Acquire) & OUTCOME == OK_IMM)
+            .then(|| self.imm.load(Ordering::Relaxed));
+        Some(self.taken()?.map(|len| Done { len, imm }).map_err(|e| *e))
     }
 
     /// Has the outcome been recorded?
