@@ -1,6 +1,6 @@
 //! An idle runtime stays quiet: its reactor threads sleep on the CQ's wait object (tcp) or in
-//! short naps (shm), using at most 2% of a core in all (an express rail's second reactor
-//! included). Its own test binary, so no other test's threads run beside it.
+//! short naps (shm, or any provider told to go without one), using at most 2% of a core in all
+//! (an express rail's second reactor included). Its own test binary, so no other test's threads run beside it.
 use std::time::{Duration, Instant};
 
 use rdmalane::Runtime;
@@ -94,16 +94,40 @@ fn an_idle_runtime_with_an_express_rail_uses_at_most_two_percent_of_a_core_in_al
     idle_pair_stays_quiet(express, 2, "express rail");
 }
 
+#[test]
+fn an_idle_runtime_napping_instead_of_waiting_on_its_queues_uses_at_most_two_percent_of_a_core() {
+    let napping =
+        |p: &str| rdmalane_conformance::builder(p).express_rail(false).cq_wait(false).build().unwrap();
+    idle_pair_stays_quiet(napping, 1, "no wait object");
+}
+
 /// A reactor asleep on a provider that cannot wake it (shm, no wait object) tells its peers, and
 /// a peer's next op kicks it awake on the control connection rather than waiting out its nap.
 /// Where the provider wakes the reactor itself (tcp's wait fd, verbs' completion channel),
 /// nobody announces sleep and nobody is kicked.
 #[test]
 fn a_peer_asleep_on_a_provider_that_cannot_wake_it_is_kicked_for_our_ops() {
+    kicked_for_our_ops(runtime, "default");
+}
+
+/// The same with the wait objects turned off (`Builder::cq_wait`): every provider's reactors
+/// nap, and are kicked.
+#[test]
+fn a_peer_napping_without_a_wait_object_is_kicked_for_our_ops() {
+    let napping = |p: &str| rdmalane_conformance::builder(p).cq_wait(false).build().unwrap();
+    kicked_for_our_ops(napping, "no wait object");
+}
+
+/// Three rounds of a write and a message to a peer built by `make` that has fallen asleep:
+/// every byte lands, and the peer is kicked exactly where it has no wait object.
+fn kicked_for_our_ops(make: fn(&str) -> Runtime, what: &str) {
     let _alone = alone();
     for p in providers() {
         bounded(30, async {
-            let (a, b) = (runtime(p), runtime(p));
+            let (a, b) = (make(p), make(p));
+            if what == "no wait object" {
+                assert!(!b.caps().wait_fd, "{p}: told to go without a wait object, yet it has one");
+            }
             let (ab, ba) = pair(&a, &b).await;
             let target = b.expose(b.alloc(4096).unwrap(), rdmalane::Access::WRITE).unwrap();
             // Both at once: on verbs a send waits for the peer's receive.
@@ -126,15 +150,18 @@ fn a_peer_asleep_on_a_provider_that_cannot_wake_it_is_kicked_for_our_ops() {
                 assert_eq!(n.unwrap(), 8, "{p}: message length");
                 assert!(got[..8].iter().all(|&x| x == round + 10), "{p}: message bytes");
                 assert!(target.as_slice()[..64].iter().all(|&x| x == round + 1), "{p}: written bytes");
-                eprintln!("{p}: round {round}: write to a sleeping peer took {wrote:?}");
+                eprintln!("{p} ({what}): round {round}: write to a sleeping peer took {wrote:?}");
             }
             let kicks = a.stats().kicks;
             if b.caps().wait_fd {
-                assert_eq!(kicks, 0, "{p}: the provider wakes the peer's reactor itself, yet it was kicked");
+                assert_eq!(
+                    kicks, 0,
+                    "{p} ({what}): the provider wakes the peer's reactor, yet it was kicked"
+                );
             } else {
                 // Each round the peer slept (and said so) before our write: a kick each, but the
                 // announcement may still be on its way for a round.
-                assert!(kicks >= 2, "{p}: {kicks} kicks over 3 rounds");
+                assert!(kicks >= 2, "{p} ({what}): {kicks} kicks over 3 rounds");
             }
         });
     }

@@ -1,6 +1,7 @@
 //! The dedicated reactor thread: pinned to a core, busy-polls while ops are in flight, spins a
 //! little when idle, then sleeps on the transport's wait object (or short timed naps where the
-//! provider has none) until a submitter or the NIC wakes it.
+//! provider has none, or it was opened without one: `Builder::cq_wait`) until a submitter, the
+//! NIC or a peer's kick wakes it.
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;

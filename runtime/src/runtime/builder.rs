@@ -123,6 +123,20 @@ impl Builder {
         self
     }
 
+    /// Let reactor threads sleep on their completion queues' wait object (or
+    /// `RDMALANE_CQ_WAIT=1|0` when unset here): a traffic-signalled fd where the transport has
+    /// one (libfabric's FI_WAIT_FD on tcp, a verbs completion channel). Off, the queues are
+    /// opened without one, as the inline driver's always are: an idle reactor naps instead,
+    /// and a peer whose op needs its progress kicks it awake over the control connection (as
+    /// on shm, which has no wait object). The wait object's price is on the busy path: on
+    /// tcp;ofi_rxm every message paid about 1 µs of a 6.5-8.5 µs 16 B one-way for it (2-core
+    /// VM, inline driver, see the book's benchmarks), a price the thread driver's spinning
+    /// tasks pay on each op. Default: on.
+    pub fn cq_wait(mut self, on: bool) -> Self {
+        self.settings.cq_wait = Some(on);
+        self
+    }
+
     /// Give the latency class progress of its own (or `RDMALANE_EXPRESS=1|0` when unset here):
     /// an **express rail**, a second transport on rail 0's NIC with a reactor thread of its
     /// own, carries each peer's first lane (messages and latency-class ops), while bulk
@@ -280,7 +294,7 @@ impl Builder {
         let config = TransportConfig {
             provider: set.provider.clone(),
             node: set.node.clone(),
-            no_wait_object: self.driver == Driver::Inline,
+            no_wait_object: self.driver == Driver::Inline || !set.cq_wait,
             rails: set.rails,
             rail_nodes: self.settings.rail_nodes.clone(),
             rail_ids: Vec::new(),
@@ -352,8 +366,9 @@ impl Builder {
                 c.rails = h.len();
                 c.rail_ids = h.clone();
                 // Under the inline driver only the first group is driven inline; the others
-                // have reactor threads, which sleep on the completion queue's fd.
-                c.no_wait_object = self.driver == Driver::Inline && g == 0;
+                // have reactor threads, which sleep on the completion queue's fd unless told to nap
+                // (`cq_wait`).
+                c.no_wait_object = (self.driver == Driver::Inline && g == 0) || !set.cq_wait;
                 ts.push(backend.open(&c)?);
             }
             tracing::info!(?groups, express, "one reactor per rail group");

@@ -24,6 +24,7 @@ pub(crate) struct Settings {
     pub await_spin: Option<Duration>,
     pub await_drive: Option<bool>,
     pub lend_nap: Option<bool>,
+    pub cq_wait: Option<bool>,
     pub express: Option<bool>,
     pub device_memory: Option<DevicePolicy>,
     pub mr_cache_bytes: Option<usize>,
@@ -65,6 +66,9 @@ pub(crate) struct Resolved {
     /// The lending thread parks between its looks while a task has its reactor (see
     /// `driver::lend`).
     pub lend_nap: bool,
+    /// Reactor threads sleep on their completion queues' wait object where the transport has
+    /// one (else they nap, and peers kick them awake for their ops).
+    pub cq_wait: bool,
     /// An express rail (see `LaneMap`); `None`: by the host's cores and the provider.
     pub express: Option<bool>,
     /// Which path device memory may take.
@@ -138,6 +142,7 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         await_spin: s.await_spin.or(await_spin_env),
         await_drive: s.await_drive.or(vars::flag("RDMALANE_AWAIT_DRIVE", var("RDMALANE_AWAIT_DRIVE"))?),
         lend_nap: pick(s.lend_nap, vars::flag("RDMALANE_LEND_NAP", var("RDMALANE_LEND_NAP"))?, true),
+        cq_wait: pick(s.cq_wait, vars::flag("RDMALANE_CQ_WAIT", var("RDMALANE_CQ_WAIT"))?, true),
         express: s.express.or(vars::flag("RDMALANE_EXPRESS", var("RDMALANE_EXPRESS"))?),
         device_memory: pick(
             s.device_memory,
@@ -414,6 +419,7 @@ mod tests {
             ("RDMALANE_PEER_TIMEOUT_MS", "3s"),
             ("RDMALANE_TRUST_LOCAL_PEERS", "maybe"),
             ("RDMALANE_LEND_NAP", "yes please"),
+            ("RDMALANE_CQ_WAIT", "fd"),
             ("RDMALANE_SCHEDULER", "lifo"),
         ] {
             let e = resolve(&Settings::default(), &with(&[(name, value)])).expect_err(name);
@@ -428,5 +434,11 @@ mod tests {
         assert!(!nap(&[("RDMALANE_LEND_NAP", "0")], None));
         assert!(!nap(&[("RDMALANE_LEND_NAP", "1")], Some(false)), "the builder's word wins");
         assert!(nap(&[("RDMALANE_LEND_NAP", "0")], Some(true)), "the builder's word wins");
+        let cq_wait = |env: &[(&str, &str)], set: Option<bool>| {
+            resolve(&Settings { cq_wait: set, ..Settings::default() }, &with(env)).unwrap().cq_wait
+        };
+        assert!(cq_wait(&[], None), "reactor threads sleep on the wait object unless told");
+        assert!(!cq_wait(&[("RDMALANE_CQ_WAIT", "0")], None));
+        assert!(!cq_wait(&[("RDMALANE_CQ_WAIT", "1")], Some(false)), "the builder's word wins");
     }
 }
