@@ -56,7 +56,8 @@ impl Backend for Libfabric {
             config.provider.as_deref(),
             &nodes,
             &ids,
-            !config.no_wait_object,
+            // FI_WAIT_FD costs on the busy path (see `TransportConfig::no_costly_wait_object`).
+            !config.no_wait_object && !config.no_costly_wait_object,
             config.trust_local_peers,
             config.device_memory,
             config.device_early_completion,

@@ -47,6 +47,7 @@ impl Backend for Verbs {
             ));
         }
         let spec = DeviceSpec::parse(config.provider.as_deref())?;
+        // A completion channel costs only when armed: `no_costly_wait_object` keeps it.
         Ok(Box::new(VerbsTransport::open(&spec, !config.no_wait_object)?))
     }
 

@@ -413,11 +413,13 @@ pub struct TransportConfig {
     pub provider: Option<String>,
     /// Local address (node) to bind to, where the provider needs one (tcp).
     pub node: Option<String>,
-    /// Open the completion queues without a wait object the reactor could sleep on. A wait
-    /// object costs on the busy path on some providers (tcp: about 1 µs a message), so a
-    /// driver that never sleeps (the inline one) goes without, and so do reactor threads told
-    /// to nap instead (`Builder::cq_wait`).
+    /// Open the completion queues without a wait object the reactor could sleep on: for a
+    /// driver that never sleeps (the inline one).
     pub no_wait_object: bool,
+    /// Go without a wait object where it costs on the busy path (libfabric's FI_WAIT_FD: on
+    /// tcp about 1 µs a message); keep one that costs only when armed for a sleep (a verbs
+    /// completion channel). For reactor threads told to nap instead (`Builder::cq_wait`).
+    pub no_costly_wait_object: bool,
     /// Rails to span (NICs, domains); 0 is taken as 1.
     pub rails: usize,
     /// Per-rail local addresses (tcp: one loopback or NIC address per rail), by the rail's

@@ -123,15 +123,18 @@ impl Builder {
         self
     }
 
-    /// Let reactor threads sleep on their completion queues' wait object (or
-    /// `RDMALANE_CQ_WAIT=1|0` when unset here): a traffic-signalled fd where the transport has
-    /// one (libfabric's FI_WAIT_FD on tcp, a verbs completion channel). Off, the queues are
-    /// opened without one, as the inline driver's always are: an idle reactor naps instead,
-    /// and a peer whose op needs its progress kicks it awake over the control connection (as
-    /// on shm, which has no wait object). The wait object's price is on the busy path: on
-    /// tcp;ofi_rxm every message paid about 1 µs of a 6.5-8.5 µs 16 B one-way for it (2-core
-    /// VM, inline driver, see the book's benchmarks), a price the thread driver's spinning
-    /// tasks pay on each op. Default: on.
+    /// Let reactor threads sleep on their completion queues' wait object where it costs on the
+    /// busy path (or `RDMALANE_CQ_WAIT=1|0` when unset here): libfabric's FI_WAIT_FD, which on
+    /// tcp;ofi_rxm cost about 1 µs of a 6.5-8.5 µs 16 B one-way on every message (2-core VM,
+    /// inline driver, see the book's benchmarks), a price the thread driver's spinning tasks
+    /// pay on each op. Off, such queues are opened without one, as the inline driver's always
+    /// are: an idle reactor naps instead, and a peer whose op needs its progress kicks it awake
+    /// over the control connection (as on shm, which has no wait object). A verbs completion
+    /// channel costs only when armed for a sleep and is kept either way. Default: on. Napping
+    /// costs more where the reactor thread sleeps between ops (fewer than 4 cores: a tcp
+    /// ping-pong took 2-3x as long) and on a target that only serves peers' one-sided ops (tcp
+    /// raises no completion for them, so it falls asleep each spin window and the next op
+    /// waits for its kick).
     pub fn cq_wait(mut self, on: bool) -> Self {
         self.settings.cq_wait = Some(on);
         self
@@ -294,7 +297,8 @@ impl Builder {
         let config = TransportConfig {
             provider: set.provider.clone(),
             node: set.node.clone(),
-            no_wait_object: self.driver == Driver::Inline || !set.cq_wait,
+            no_wait_object: self.driver == Driver::Inline,
+            no_costly_wait_object: !set.cq_wait,
             rails: set.rails,
             rail_nodes: self.settings.rail_nodes.clone(),
             rail_ids: Vec::new(),
@@ -366,9 +370,8 @@ impl Builder {
                 c.rails = h.len();
                 c.rail_ids = h.clone();
                 // Under the inline driver only the first group is driven inline; the others
-                // have reactor threads, which sleep on the completion queue's fd unless told to nap
-                // (`cq_wait`).
-                c.no_wait_object = (self.driver == Driver::Inline && g == 0) || !set.cq_wait;
+                // have reactor threads, which sleep on the completion queue's fd.
+                c.no_wait_object = self.driver == Driver::Inline && g == 0;
                 ts.push(backend.open(&c)?);
             }
             tracing::info!(?groups, express, "one reactor per rail group");
