@@ -123,18 +123,18 @@ impl Builder {
         self
     }
 
-    /// Let reactor threads sleep on their completion queues' wait object where it costs on the
-    /// busy path (or `RDMALANE_CQ_WAIT=1|0` when unset here): libfabric's FI_WAIT_FD, which on
-    /// tcp;ofi_rxm cost about 1 µs of a 6.5-8.5 µs 16 B one-way on every message (2-core VM,
-    /// inline driver, see the book's benchmarks), a price the thread driver's spinning tasks
-    /// pay on each op. Off, such queues are opened without one, as the inline driver's always
-    /// are: an idle reactor naps instead, and a peer whose op needs its progress kicks it awake
-    /// over the control connection (as on shm, which has no wait object). A verbs completion
-    /// channel costs only when armed for a sleep and is kept either way. Default: on. Napping
-    /// costs more where the reactor thread sleeps between ops (fewer than 4 cores: a tcp
-    /// ping-pong took 2-3x as long) and on a target that only serves peers' one-sided ops (tcp
-    /// raises no completion for them, so it falls asleep each spin window and the next op
-    /// waits for its kick).
+    /// Let reactor threads sleep on a completion-queue wait object even where that object
+    /// costs on the busy path (or `RDMALANE_CQ_WAIT=1|0` when unset here): libfabric's
+    /// FI_WAIT_FD, which on tcp;ofi_rxm cost about 1 µs of a 6.5-8.5 µs 16 B one-way on every
+    /// message (2-core VM, inline driver, see the book's benchmarks), a price the thread
+    /// driver's spinning tasks pay on each op. Off, such queues are opened without one, as the
+    /// inline driver's always are: an idle reactor naps instead, and a peer whose op needs its
+    /// progress kicks it awake over the control connection (as on shm, which has no wait
+    /// object). A verbs completion channel costs only when armed for a sleep and is kept
+    /// either way. Default: on. Napping costs more where the reactor thread sleeps between ops
+    /// (fewer than 4 cores: a tcp ping-pong took 2-3x as long) and on a target that only
+    /// serves peers' one-sided ops (tcp raises no completion for them, so it falls asleep each
+    /// spin window and the next op waits for its kick).
     pub fn cq_wait(mut self, on: bool) -> Self {
         self.settings.cq_wait = Some(on);
         self
