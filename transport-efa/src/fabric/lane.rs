@@ -1,0 +1,191 @@
+//! A lane's endpoint and completion queue: opened on a rail, connected to one peer's address,
+//! closed (on shm, after a peer endpoint of this process has closed, see `shm_peers`).
+use std::ptr;
+use std::time::Duration;
+
+use rdmalane::backend::{LaneId, PeerAddr};
+use rdmalane::TransportError;
+
+use super::{FabricTransport, Lane};
+use crate::exit_guard::Teardown;
+use crate::ffi;
+use crate::util::{fi_error, terr};
+
+/// Open an endpoint and its completion queue on `rail`, bound to the rail's address vector
+/// (and its served-ops counter where it has one): the lane's id and its address.
+pub(super) fn open(t: &mut FabricTransport, rail: usize) -> Result<(LaneId, Vec<u8>), TransportError> {
+    if rail >= t.rails.len() {
+        return Err(t.err(-(ffi::FI_EINVAL as i64), "open_lane: no such rail"));
+    }
+    let (cq, fd) = t.open_cq(rail, t.wait_fd)?;
+    let (domain, av, info) = (t.rails[rail].domain, t.rails[rail].av, t.rails[rail].info.0);
+    let served = t.rails[rail].served;
+    let mut ep: *mut ffi::fid_ep = ptr::null_mut();
+    let prov = t.caps.provider.clone();
+    let step = |r: i32, what: &str| if r == 0 { Ok(()) } else { Err(terr(&prov, r, what)) };
+    // SAFETY: opening an endpoint on our domain from our info, binding our AV and CQ; on
+    // any failure the endpoint is closed before returning.
+    let res = unsafe {
+        step(ffi::fi_endpoint(domain, info, &mut ep, ptr::null_mut()), "fi_endpoint")
+            .and_then(|_| step(ffi::fi_ep_bind(ep, &mut (*av).fid, 0), "fi_ep_bind(av)"))
+            .and_then(|_| {
+                let flags = (ffi::FI_TRANSMIT | ffi::FI_RECV) as u64;
+                step(ffi::fi_ep_bind(ep, &mut (*cq).fid, flags), "fi_ep_bind(cq)")
+            })
+            .and_then(|_| match served.is_null() {
+                true => Ok(()),
+                false => {
+                    let flags = (ffi::FI_REMOTE_WRITE | ffi::FI_REMOTE_READ) as u64;
+                    step(ffi::fi_ep_bind(ep, &mut (*served).fid, flags), "fi_ep_bind(cntr)")
+                }
+            })
+            .and_then(|_| step(ffi::fi_enable(ep), "fi_enable"))
+    };
+    if let Err(e) = res {
+        // SAFETY: closing what we just opened, endpoint first.
+        unsafe {
+            if !ep.is_null() {
+                ffi::fi_close(&mut (*ep).fid);
+            }
+            ffi::fi_close(&mut (*cq).fid);
+        }
+        return Err(e);
+    }
+    let mut buf = vec![0u8; 256];
+    let mut len = buf.len();
+    // SAFETY: the endpoint is open; buf/len describe writable memory.
+    let mut r = unsafe { ffi::fi_getname(&mut (*ep).fid, buf.as_mut_ptr() as *mut _, &mut len) };
+    if r == -(ffi::FI_ETOOSMALL as i32) {
+        buf.resize(len, 0);
+        // SAFETY: as above, with the size the provider asked for.
+        r = unsafe { ffi::fi_getname(&mut (*ep).fid, buf.as_mut_ptr() as *mut _, &mut len) };
+    }
+    if r != 0 {
+        // SAFETY: closing what we just opened, endpoint first.
+        unsafe {
+            ffi::fi_close(&mut (*ep).fid);
+            ffi::fi_close(&mut (*cq).fid);
+        }
+        return Err(t.err(r, "fi_getname"));
+    }
+    buf.truncate(len);
+    let shm = t.caps.provider == "shm";
+    if shm {
+        crate::shm_peers::opened(&buf);
+    }
+    let name = if shm { buf.clone() } else { Vec::new() };
+    Ok((LaneId(t.lanes.insert(Lane { ep, cq, fd, addr: None, rail, name, peer: None })), buf))
+}
+
+/// Point `lane` at a peer endpoint named `name` (its address from the peer's hello).
+pub(super) fn connect(
+    t: &mut FabricTransport,
+    lane: LaneId,
+    name: &[u8],
+) -> Result<PeerAddr, TransportError> {
+    if !t.lanes.contains(lane.index()) {
+        return Err(t.err(-(ffi::FI_EINVAL as i64), "connect_lane: no such lane"));
+    }
+    let mut addr: ffi::fi_addr_t = 0;
+    let av = t.rails[t.lanes[lane.index()].rail].av;
+    // SAFETY: `name` is a peer address of this provider's format (the handshake checked the
+    // provider); libfabric copies it.
+    let n = unsafe { ffi::fi_av_insert(av, name.as_ptr() as *const _, 1, &mut addr, 0, ptr::null_mut()) };
+    if n != 1 {
+        return Err(t.err(if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) }, "fi_av_insert"));
+    }
+    t.lanes[lane.index()].addr = Some(addr);
+    if t.caps.provider == "shm" {
+        t.lanes[lane.index()].peer = Some(name.to_vec());
+    }
+    Ok(addr)
+}
+
+/// Close `lane`: its endpoint, then its completion queue; its peer's address leaves the AV.
+pub(super) fn close(t: &mut FabricTransport, lane: LaneId) {
+    let Some(Lane { ep, cq, addr, rail, name, peer, .. }) = t.lanes.try_remove(lane.index()) else {
+        return;
+    };
+    let Some(_inside) = Teardown::enter() else { return };
+    let patience = patience(t.hurried_until);
+    // SAFETY: the lane's endpoint and CQ, just taken out of the transport.
+    if !unsafe { close_endpoint(lane, ep, cq, &name, peer.as_deref(), patience) } {
+        t.hurried_until = Some(std::time::Instant::now() + HURRY);
+    }
+    if let Some(mut a) = addr {
+        // SAFETY: removing an address this AV returned.
+        unsafe { ffi::fi_av_remove(t.rails[rail].av, &mut a, 1, 0) };
+    }
+}
+
+/// After a wait for a peer endpoint of this process ran out, closes do not wait for this long.
+pub(super) const HURRY: Duration = Duration::from_secs(2);
+
+/// How long a close may wait for a peer endpoint of this process (`shm_peers`).
+pub(super) fn patience(hurried_until: Option<std::time::Instant>) -> Duration {
+    match hurried_until {
+        Some(t) if std::time::Instant::now() < t => Duration::ZERO,
+        _ => crate::shm_peers::PATIENCE,
+    }
+}
+
+/// Close a lane's endpoint, then its CQ (with whatever completions it still held); libfabric
+/// discards what is posted on it. An shm endpoint whose peer is an endpoint of this process
+/// still serving first waits for it to close, up to `patience`, progressing ours meanwhile
+/// (`shm_peers`); `name` is empty on other providers. False when that wait ran out. Nothing
+/// is closed once the process exits (as with every teardown call then).
+///
+/// # Safety
+/// `ep` and `cq` are a lane's, open, taken out of the transport: nobody uses them again.
+pub(super) unsafe fn close_endpoint(
+    lane: LaneId,
+    ep: *mut ffi::fid_ep,
+    cq: *mut ffi::fid_cq,
+    name: &[u8],
+    peer: Option<&[u8]>,
+    patience: Duration,
+) -> bool {
+    let wait = match name.is_empty() {
+        true => crate::shm_peers::Wait::Clear,
+        // SAFETY: the caller's contract: the CQ is open and ours alone; what it yields is
+        // dropped (the caller fails the lane's ops once it is closed).
+        false => crate::shm_peers::before_close(name, peer, patience, &mut || unsafe { drain(cq) }),
+    };
+    match wait {
+        crate::shm_peers::Wait::Exiting => return true,
+        crate::shm_peers::Wait::TimedOut => {
+            tracing::warn!(
+                lane = lane.index(),
+                "an shm peer endpoint of this process still serves: closing anyway"
+            )
+        }
+        crate::shm_peers::Wait::Clear => {}
+    }
+    // SAFETY: the caller's contract: an endpoint and CQ of ours, closed once.
+    let r = unsafe { ffi::fi_close(&mut (*ep).fid) };
+    if r != 0 {
+        tracing::warn!(lane = %lane, error = %fi_error(r), "fi_close(ep)");
+    }
+    // SAFETY: as above.
+    unsafe { ffi::fi_close(&mut (*cq).fid) };
+    if !name.is_empty() {
+        crate::shm_peers::closed(name);
+    }
+    wait != crate::shm_peers::Wait::TimedOut
+}
+
+/// Progress a closing lane's endpoint through its CQ, dropping what it yields (errors too, so
+/// the CQ does not stay stuck on one).
+///
+/// # Safety
+/// `cq` is open and used by nobody else meanwhile.
+unsafe fn drain(cq: *mut ffi::fid_cq) {
+    let mut entries = [ffi::fi_cq_data_entry::default(); 8];
+    // SAFETY: the caller's contract; `entries` holds 8 entries of the CQ's format.
+    let r = unsafe { ffi::fi_cq_read(cq, entries.as_mut_ptr() as *mut _, entries.len()) };
+    if r == -(ffi::FI_EAVAIL as isize) {
+        let mut e = ffi::fi_cq_err_entry::default();
+        // SAFETY: as above, one error entry into a zeroed struct we own.
+        unsafe { ffi::fi_cq_readerr(cq, &mut e, 0) };
+    }
+}

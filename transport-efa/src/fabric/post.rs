@@ -1,0 +1,164 @@
+//! Posting a work request: sends (small ones injected), receives, writes and reads, each with
+//! the context its completion hands back.
+use std::ptr;
+
+use rdmalane::backend::{LocalSeg, PeerAddr, PostError, Posted, WorkRequest, WrId, WrKind};
+
+use super::{Ctx, FabricTransport, Lane};
+use crate::ffi;
+use crate::probe;
+
+/// Post `wr` on its lane.
+///
+/// # Safety
+/// The work request's local memory stays valid until its completion (see `Transport::post`).
+pub(super) unsafe fn post(t: &mut FabricTransport, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
+    let mut iov = [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; 4];
+    let mut desc = [ptr::null_mut::<std::ffi::c_void>(); 4];
+    let n = wr.local.len();
+    if n == 0 || n > iov.len().min(t.caps.iov_limit) {
+        return Err(PostError::failed(t.err(-(ffi::FI_EINVAL as i64), "scatter list length")));
+    }
+    let Some(&Lane { ep, rail, .. }) = t.lanes.get(wr.lane.index()) else {
+        return Err(PostError::failed(t.err(-(ffi::FI_EINVAL as i64), "post: no such lane")));
+    };
+    let multi = t.rails.len() > 1;
+    for (k, LocalSeg { ptr, len, desc: d }) in wr.local.iter().enumerate() {
+        iov[k] = libc::iovec { iov_base: *ptr as *mut _, iov_len: *len };
+        desc[k] = match (*d, multi) {
+            (d, false) => d as *mut _,
+            (0, true) => ptr::null_mut(),
+            // A registration's handle: its descriptor on this lane's rail.
+            (d, true) => match t.mrs.get(d - 1) {
+                Some(m) => m.descs[rail] as *mut _,
+                None => {
+                    return Err(PostError::failed(t.err(-(ffi::FI_EINVAL as i64), "post: unknown region")))
+                }
+            },
+        };
+    }
+    if matches!(wr.kind, WrKind::Read { .. }) && !t.read_twins.is_empty() {
+        for d in &mut desc[..n] {
+            if let Some(&twin) = t.read_twins.get(&(*d as usize)) {
+                *d = twin as *mut _;
+            }
+        }
+    }
+    let total: usize = wr.local.iter().map(|s| s.len).sum();
+    let t0 = probe::start();
+    let reply = matches!(wr.kind, WrKind::Send { .. } | WrKind::Write { .. });
+    if reply {
+        probe::reply(t0);
+    }
+    let context = ctx(t, wr.id);
+    let more = if wr.more { ffi::FI_MORE as u64 } else { 0 };
+    let mut flags = ffi::FI_COMPLETION as u64 | more;
+    let ret = match wr.kind {
+        WrKind::Write { remote_addr, key, imm } => {
+            if imm.is_some() {
+                flags |= ffi::FI_REMOTE_CQ_DATA as u64;
+            }
+            if t.delivery_complete {
+                flags |= ffi::FI_DELIVERY_COMPLETE as u64;
+            } else if total <= t.caps.inject_size {
+                // Tiny payloads are copied at post time (inline); the completion still
+                // says when they are at the target.
+                flags |= ffi::FI_INJECT as u64;
+            }
+            let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
+            let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, imm.unwrap_or(0));
+            // SAFETY: the caller keeps the local memory valid until the completion; msg and
+            // its arrays live for the call (libfabric copies what it keeps).
+            unsafe { ffi::fi_writemsg(ep, &msg, flags) }
+        }
+        WrKind::Read { remote_addr, key } => {
+            let mut rma = ffi::fi_rma_iov { addr: remote_addr, len: total, key };
+            let msg = rma_msg(&mut iov, &mut desc, n, wr.peer, &mut rma, context, 0);
+            // SAFETY: as for writes; the memory is ours alone until the completion.
+            unsafe { ffi::fi_readmsg(ep, &msg, flags) }
+        }
+        WrKind::Send { imm } => {
+            let data = imm.unwrap_or(0);
+            if imm.is_some() {
+                flags |= ffi::FI_REMOTE_CQ_DATA as u64;
+            }
+            if imm.is_none() && n == 1 && total <= t.caps.inject_size {
+                // Small payloads go inline: copied now, no completion to wait for.
+                // SAFETY: the provider copies `total` bytes from valid memory before returning.
+                let r = unsafe { ffi::fi_inject(ep, iov[0].iov_base, total, wr.peer) };
+                probe::posted(t0);
+                return match r {
+                    0 => Ok(Posted::Completed),
+                    r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
+                    r => Err(PostError::failed(t.err(r as i64, "fi_inject"))),
+                };
+            }
+            let msg = plain_msg(&mut iov, &mut desc, n, wr.peer, context, data);
+            // SAFETY: as for reads.
+            unsafe { ffi::fi_sendmsg(ep, &msg, flags) }
+        }
+        WrKind::Recv => {
+            let msg = plain_msg(&mut iov, &mut desc, n, wr.peer, context, 0);
+            // SAFETY: as for reads; the memory is ours alone until the completion.
+            unsafe { ffi::fi_recvmsg(ep, &msg, ffi::FI_COMPLETION as u64) }
+        }
+    };
+    if reply {
+        probe::posted(t0);
+    }
+    match ret {
+        0 => Ok(Posted::Queued),
+        r if r == -(ffi::FI_EAGAIN as isize) => Err(PostError::Again),
+        r => Err(PostError::failed(t.err(r as i64, "post"))),
+    }
+}
+
+/// The context for request `id`: one per slot (the low bits of the id, reused only after
+/// the slot's request completed), stamped with the whole id.
+fn ctx(t: &mut FabricTransport, id: WrId) -> *mut std::ffi::c_void {
+    let i = id.slot();
+    while t.ctxs.len() <= i {
+        t.ctxs.push(Box::new(Ctx { fi: ffi::fi_context2::default(), id: WrId::from_raw(0) }));
+    }
+    t.ctxs[i].id = id;
+    &mut *t.ctxs[i] as *mut Ctx as *mut _
+}
+
+fn plain_msg(
+    iov: &mut [libc::iovec; 4],
+    desc: &mut [*mut std::ffi::c_void; 4],
+    n: usize,
+    peer: PeerAddr,
+    context: *mut std::ffi::c_void,
+    data: u64,
+) -> ffi::fi_msg {
+    ffi::fi_msg {
+        msg_iov: iov.as_mut_ptr() as *const _,
+        desc: desc.as_mut_ptr(),
+        iov_count: n,
+        addr: peer,
+        context,
+        data,
+    }
+}
+
+fn rma_msg(
+    iov: &mut [libc::iovec; 4],
+    desc: &mut [*mut std::ffi::c_void; 4],
+    n: usize,
+    peer: PeerAddr,
+    rma: &mut ffi::fi_rma_iov,
+    context: *mut std::ffi::c_void,
+    data: u64,
+) -> ffi::fi_msg_rma {
+    ffi::fi_msg_rma {
+        msg_iov: iov.as_mut_ptr() as *const _,
+        desc: desc.as_mut_ptr(),
+        iov_count: n,
+        addr: peer,
+        rma_iov: rma,
+        rma_iov_count: 1,
+        context,
+        data,
+    }
+}
