@@ -1,39 +1,41 @@
-//! The runtime handle and its builder.
+//! The runtime handle and its builder: the rail groups (a reactor each, on its thread or
+//! driven inline) and what the handle does with them, in parts: handing ops and commands to
+//! the reactors (`submit`), registering memory on every group (`registration`), and a peer's
+//! lanes across the groups (`peers`).
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
 use slab::Slab;
-use tokio::sync::mpsc::UnboundedSender;
 
-use crate::base::control::Ctl;
-use crate::base::error::{Error, OpKind, Result, TransportError};
+use crate::base::error::{Error, OpKind, Result};
 use crate::base::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::base::lane_map::LaneMap;
-use crate::base::memory::{DeviceMem, DevicePath, Memory};
+use crate::base::memory::{DevicePath, Memory};
 use crate::base::refusal::RefusalCounters;
 use crate::base::sched::{Class, TenantId};
 use crate::base::stats::{Counters, Stats};
-use crate::base::transport::{Access, Caps, LaneId, LocalSeg, MemoryRegion, Notify, RailId, RailSet};
+use crate::base::transport::{Caps, LaneId, Notify, RailId};
 use crate::driver::handoff::AwaitSpin;
-use crate::driver::inline::{self, with_held, Slot};
+use crate::driver::inline::{self, Slot};
 use crate::driver::lend::Lend;
-use crate::reactor::cell::OpCell;
-use crate::reactor::cmd::{Cmd, Draft, OpReq, PeerLane};
-use crate::reactor::Idle;
-use crate::reactor::{AtOnce, Reactor, SHUTDOWN_LIMIT};
+use crate::reactor::cmd::{Cmd, GroupId};
+use crate::reactor::{Idle, SHUTDOWN_LIMIT};
 
 mod builder;
 pub(crate) mod fanout;
 pub(crate) mod mr_cache;
+mod peers;
+mod registration;
 mod settings;
+mod submit;
 
 pub use builder::Builder;
 
-use mr_cache::{timed, CacheStats, MrCache};
+use mr_cache::{CacheStats, MrCache};
 
 /// Who drives the reactor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -396,233 +398,6 @@ impl Runtime {
         }
     }
 
-    /// Hand a command to the first group's reactor (the only one, mostly).
-    fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
-        self.inner.groups[0].send(cmd)
-    }
-
-    /// Hand an op to the reactor; on shutdown the op fails at once.
-    /// `polled`: the op's cell, when its future is being polled: an op not done at posting then
-    /// reaps at once, in the same reach of the held reactor (the inline turn its poll would
-    /// take next).
-    /// The op's own handle on the runtime, where it has one, goes once the op is posted (off
-    /// the latency path).
-    pub(crate) fn submit(&self, req: OpReq, polled: Option<&OpCell>) {
-        let req = match self.inner.groups.len() {
-            1 => req,
-            // What goes whole to the first group takes the path below (the inline driver's
-            // hold included: under it, the first group is the one driven inline).
-            _ => match self.submit_groups(req) {
-                Some(req) => req,
-                None => return,
-            },
-        };
-        if self.inner.groups[0].idle.shutdown.load(Ordering::Acquire) {
-            Counters::add_shared(&self.inner.counters[0].rejected);
-            req.cell.complete(Err(Error::Shutdown { op: req.op }));
-            return;
-        }
-        // Inside the inline driver's block_on, which holds the reactor: post at once, skipping
-        // the queue hop. Elsewhere ops wait for the driver like any other.
-        let req = match self.inner.inline.is_some() || self.inner.lend.is_some() {
-            true => {
-                let posted = with_held(self.inner.id, req, |r, req| {
-                    r.submit_now(req);
-                    if polled.is_some_and(|c| !c.is_done()) && inline::take_reap() {
-                        r.turn();
-                    }
-                });
-                let Err(req) = posted else { return };
-                req
-            }
-            false => req,
-        };
-        if let Err(Cmd::Op(req)) = self.send(Cmd::Op(req)) {
-            Counters::add_shared(&self.inner.counters[0].rejected);
-            req.cell.complete(Err(Error::Shutdown { op: req.op }));
-        }
-    }
-
-    /// On the thread whose inline `block_on` holds this runtime's reactor: post `draft` over
-    /// `seg` now if the reactor would post it straight away (see `Reactor::post_at_once`).
-    /// `None` anywhere else, for [`submit`](Self::submit).
-    /// With an express rail the held reactor is the first group's, which takes what it would
-    /// post at once (the latency class, whole); bulk ops are left to the other groups.
-    pub(crate) fn post_at_once(&self, draft: &Draft, mut seg: LocalSeg) -> Option<AtOnce> {
-        let inner = &self.inner;
-        if (inner.inline.is_none() && inner.lend.is_none())
-            || inner.groups[0].idle.shutdown.load(Ordering::Acquire)
-        {
-            return None;
-        }
-        if inner.groups.len() > 1 {
-            seg.desc = self.group_desc(seg.desc, GroupId::FIRST);
-        }
-        with_held(inner.id, (), |r, ()| r.post_at_once(draft, seg)).ok().flatten()
-    }
-
-    /// Run a control command on the first group's reactor and wait for its reply.
-    fn call<T>(&self, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
-        self.call_on(GroupId::FIRST, op, make)
-    }
-
-    /// Run a control command on group `g`'s reactor and wait for its reply.
-    fn call_on<T>(&self, g: GroupId, op: OpKind, make: impl FnOnce(mpsc::SyncSender<T>) -> Cmd) -> Result<T> {
-        let (reply, rx) = mpsc::sync_channel(1);
-        let cmd = make(reply);
-        if self.group(g).send(cmd).is_err() {
-            return Err(Error::Shutdown { op });
-        }
-        loop {
-            // The inline driver may be nobody right now: turn the reactor ourselves.
-            if let Some(slot) = &self.inner.inline {
-                slot.with(self.inner.id, Reactor::turn);
-                match rx.try_recv() {
-                    Ok(v) => return Ok(v),
-                    Err(mpsc::TryRecvError::Empty) => continue,
-                    Err(mpsc::TryRecvError::Disconnected) => return Err(Error::Shutdown { op }),
-                }
-            }
-            return rx.recv().map_err(|_| Error::Shutdown { op });
-        }
-    }
-
-    pub(crate) fn register_region(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion> {
-        self.register_memory(ptr, len, access, None)
-    }
-
-    /// Register host memory, or (`device`) device memory with the transport's own device
-    /// registration.
-    pub(crate) fn register_memory(
-        &self,
-        ptr: *mut u8,
-        len: usize,
-        access: Access,
-        device: Option<DeviceMem>,
-    ) -> Result<MemoryRegion> {
-        let op = if access.is_remote() { OpKind::Expose } else { OpKind::Register };
-        let (res, ns) = timed(|| {
-            if self.inner.groups.len() > 1 {
-                return self.register_on_groups(op, ptr, len, access, device);
-            }
-            self.call(op, |reply| Cmd::Register { ptr: ptr as usize, len, access, device, reply })?
-                .map_err(|e| Error::from_transport(op, "-", e))
-        });
-        self.inner.counters[0].registration_ns.fetch_add(ns, Ordering::Relaxed);
-        res
-    }
-
-    /// Register on every group's transport: the region's keys are each rail's, wherever its
-    /// group is; its id and descriptor name the groups' own (`regs`).
-    fn register_on_groups(
-        &self,
-        op: OpKind,
-        ptr: *mut u8,
-        len: usize,
-        access: Access,
-        device: Option<DeviceMem>,
-    ) -> Result<MemoryRegion> {
-        let mut keys = vec![0u64; self.inner.caps.rails];
-        let mut regs: GroupRegs = Vec::with_capacity(self.inner.groups.len());
-        let mut base = None;
-        let mut failure = None;
-        for (g, group) in self.groups() {
-            let res = self
-                .call_on(g, op, |reply| Cmd::Register { ptr: ptr as usize, len, access, device, reply })
-                .and_then(|r| r.map_err(|e| Error::from_transport(op, "-", e)));
-            match res {
-                Ok(mr) if base.is_none_or(|b| b == mr.remote_base) => {
-                    base = Some(mr.remote_base);
-                    let group_keys = std::iter::once(mr.key).chain(mr.rail_keys.iter().copied());
-                    for (&RailId(rail), key) in group.rails.iter().zip(group_keys) {
-                        keys[rail] = key;
-                    }
-                    regs.push(GroupReg { id: mr.id, desc: mr.desc });
-                }
-                Ok(mr) => {
-                    regs.push(GroupReg { id: mr.id, desc: mr.desc });
-                    failure =
-                        Some(Error::invalid(op, "the rail groups' transports address memory differently"));
-                    break;
-                }
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        if let Some(e) = failure {
-            for (group, GroupReg { id, .. }) in self.inner.groups.iter().zip(regs) {
-                let _ = group.send(Cmd::Deregister { id, keep: None, reply: None });
-            }
-            return Err(e);
-        }
-        let first = regs[0].id;
-        let handle = self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).insert(regs);
-        let mr = MemoryRegion {
-            id: handle as u64,
-            desc: handle,
-            key: keys[0],
-            rail_keys: keys[1..].to_vec(),
-            remote_base: base.unwrap_or(0),
-        };
-        if access.is_remote() {
-            // The first group answers peers' questions about our memory: it learns every key.
-            let _ = self.send(Cmd::Exposed { mr: MemoryRegion { id: first, ..mr.clone() }, len, access });
-        }
-        Ok(mr)
-    }
-
-    /// The groups' own handles of region `id` (several groups), forgotten here.
-    fn take_group_regs(&self, id: u64) -> Option<GroupRegs> {
-        self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).try_remove(id as usize)
-    }
-
-    /// Group `g`'s descriptor for the runtime's descriptor `desc` (several groups).
-    fn group_desc(&self, desc: usize, g: GroupId) -> usize {
-        let regs = self.inner.regs.read().unwrap_or_else(|p| p.into_inner());
-        regs.get(desc).and_then(|r| r.get(g.0)).map_or(0, |r| r.desc)
-    }
-
-    /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration
-    /// (with several groups, by the last of them).
-    pub(crate) fn release_region(&self, id: u64, keep: Option<Box<dyn std::any::Any + Send>>) {
-        if self.inner.groups.len() > 1 {
-            let Some(regs) = self.take_group_regs(id) else { return };
-            let keep = keep.map(|k| Arc::new(Mutex::new(k)));
-            for (group, GroupReg { id, .. }) in self.inner.groups.iter().zip(regs) {
-                let keep = keep.clone().map(|k| Box::new(k) as Box<dyn std::any::Any + Send>);
-                let _ = group.send(Cmd::Deregister { id, keep, reply: None });
-            }
-            return;
-        }
-        if let Err(Cmd::Deregister { keep, .. }) = self.send(Cmd::Deregister { id, keep, reply: None }) {
-            // The reactor is gone and the transport with it: nothing can reach the memory now.
-            drop(keep);
-        }
-    }
-
-    pub(crate) fn deregister_now(&self, id: u64) -> Result<()> {
-        let regs = match self.inner.groups.len() {
-            1 => vec![GroupReg { id, desc: 0 }],
-            _ => self.take_group_regs(id).unwrap_or_default(),
-        };
-        let mut first = Ok(());
-        for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
-            let res = self
-                .call_on(GroupId(g), OpKind::Expose, |reply| Cmd::Deregister {
-                    id,
-                    keep: None,
-                    reply: Some(reply),
-                })
-                .and_then(|r| r.map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e)));
-            if first.is_ok() {
-                first = res;
-            }
-        }
-        first
-    }
-
     /// Rail group `g`.
     fn group(&self, g: GroupId) -> &Group {
         &self.inner.groups[g.0]
@@ -642,205 +417,6 @@ impl Runtime {
         }
         (GroupId::FIRST, 0)
     }
-
-    /// Open `n` lanes for a new peer: lane i on rail `map.rail_of(i)`, by that rail's group.
-    /// Returns them in lane order with their addresses.
-    pub(crate) fn open_lanes(&self, peer: &str, n: usize) -> Result<Vec<(Lane, Vec<u8>)>> {
-        let map = self.inner.map;
-        let at: Vec<(GroupId, usize)> = (0..n).map(|i| self.group_of_rail(map.rail_of(i))).collect();
-        let mut out: Vec<Option<(Lane, Vec<u8>)>> = vec![None; n];
-        let mut failure = None;
-        for (g, _) in self.groups() {
-            let local: Vec<usize> = at.iter().filter(|(x, _)| *x == g).map(|&(_, r)| r).collect();
-            if local.is_empty() {
-                continue;
-            }
-            let res = self
-                .call_on(g, OpKind::Connect, |reply| Cmd::OpenLanes { rails: local, reply })
-                .and_then(|r| r.map_err(|e| Error::from_transport(OpKind::Connect, peer, e)));
-            match res {
-                Ok(opened) => {
-                    let slots = (0..n).filter(|&i| at[i].0 == g);
-                    for (i, o) in slots.zip(opened) {
-                        out[i] = Some((Lane { group: g, lane: o.lane }, o.name));
-                    }
-                }
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        let out: Vec<(Lane, Vec<u8>)> = out.into_iter().flatten().collect();
-        match failure {
-            Some(e) => {
-                self.close_lanes(out.into_iter().map(|(l, _)| l).collect());
-                Err(e)
-            }
-            None => Ok(out),
-        }
-    }
-
-    /// Connect our lanes to the peer's (pairwise, in lane order) and add the peer to every
-    /// group that holds one of them. Returns its slot in each group.
-    pub(crate) fn add_peer(
-        &self,
-        id: u64,
-        lanes: Vec<Lane>,
-        names: Vec<Vec<u8>>,
-        map: LaneMap,
-        label: String,
-        ctl: UnboundedSender<Ctl>,
-    ) -> Result<Slots> {
-        let mut slots: Vec<Option<PeerSlot>> = vec![None; self.inner.groups.len()];
-        for (g, _) in self.groups() {
-            let mine: Vec<PeerLane> = (0..lanes.len())
-                .filter(|&i| lanes[i].group == g)
-                .map(|i| PeerLane { lane: lanes[i].lane, peer_name: names[i].clone(), place: i })
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let (l, c) = (label.clone(), ctl.clone());
-            let res = self
-                .call_on(g, OpKind::Connect, |reply| Cmd::AddPeer {
-                    id,
-                    lanes: mine,
-                    map,
-                    label: l,
-                    ctl: c,
-                    reply,
-                })
-                .and_then(|r| r.map_err(|e| Error::from_transport(OpKind::Connect, &label, e)));
-            match res {
-                Ok(slot) => slots[g.0] = Some(slot),
-                Err(e) => {
-                    // Undo: the groups done lose the peer (closing its lanes), the others'
-                    // lanes close (this group's failed add closed its own).
-                    self.each_slot(&slots, |slot| Cmd::RemovePeer { slot });
-                    let rest = lanes.into_iter().filter(|l| l.group > g).collect();
-                    self.close_lanes(rest);
-                    return Err(e);
-                }
-            }
-        }
-        let Some(first) = slots[0] else {
-            // Lane 0 (the express lane) is on rail 0, which the first group holds.
-            self.each_slot(&slots, |slot| Cmd::RemovePeer { slot });
-            return Err(Error::invalid(
-                OpKind::Connect,
-                "the first rail group holds none of the peer's lanes",
-            ));
-        };
-        Ok(Arc::new(PeerSlots { first, by_group: slots }))
-    }
-
-    pub(crate) fn close_lanes(&self, lanes: Vec<Lane>) {
-        for (g, group) in self.groups() {
-            let mine: Vec<LaneId> = lanes.iter().filter(|l| l.group == g).map(|l| l.lane).collect();
-            if !mine.is_empty() {
-                let _ = group.send(Cmd::CloseLanes { lanes: mine });
-            }
-        }
-    }
-
-    pub(crate) fn remove_peer(&self, slots: &Slots) {
-        self.each_slot(&slots.by_group, |slot| Cmd::RemovePeer { slot });
-    }
-
-    pub(crate) fn peer_lost(&self, slots: &Slots, reason: String) {
-        self.each_slot(&slots.by_group, |slot| Cmd::PeerLost { slot, reason: reason.clone() });
-    }
-
-    /// Send `make(slot)` to each group's reactor that holds the peer.
-    fn each_slot(&self, slots: &[Option<PeerSlot>], mut make: impl FnMut(PeerSlot) -> Cmd) {
-        for (group, slot) in self.inner.groups.iter().zip(slots) {
-            if let Some(slot) = *slot {
-                let _ = group.send(make(slot));
-            }
-        }
-    }
-
-    /// A message the peer (runtime `peer_id`, at `slots`) sent on its control connection, to
-    /// the reactor it concerns: an answer to a question goes to the group that asked (named
-    /// in the token's high bits), a peer's sleep to every group (any may post to the rails
-    /// it names), a kick to the groups serving the rails it names, the rest to the first
-    /// group (which keeps messages and answers questions about our memory).
-    pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl) {
-        let to = match &msg {
-            Ctl::Asleep { .. } if slots.by_group.len() > 1 => {
-                return self.each_slot(&slots.by_group, |slot| Cmd::Control {
-                    slot,
-                    peer_id,
-                    msg: msg.clone(),
-                });
-            }
-            Ctl::Kick { rails } if slots.by_group.len() > 1 => {
-                for (group, slot) in self.inner.groups.iter().zip(&slots.by_group) {
-                    let mine = rails.and(RailSet::of(group.rails.iter().copied()));
-                    if let (Some(slot), false) = (*slot, mine.is_empty()) {
-                        let _ = group.send(Cmd::Control { slot, peer_id, msg: Ctl::Kick { rails: mine } });
-                    }
-                }
-                return;
-            }
-            Ctl::Verdict { token, .. } => GroupId((*token >> crate::reactor::TOKEN_GROUP_SHIFT) as usize),
-            _ => GroupId::FIRST,
-        };
-        if let Some(slot) = slots.of(to) {
-            let _ = self.group(to).send(Cmd::Control { slot, peer_id, msg });
-        }
-    }
-
-    /// An op on several groups. With an express rail (the first group holds it alone), a bulk
-    /// one-sided op the endpoint let fan out goes to the other groups, split in proportion to
-    /// their rails, and everything else (messages, the latency class) to the first, whose
-    /// reactor then never waits behind a bulk chunk's copy. Without one, a bulk one-sided op
-    /// of `fan_min` bytes or more is split across every group, and the rest goes to the first.
-    /// Either way each part names its group's descriptor for the local memory. Hands back
-    /// the op when it goes whole to the first group, for the caller to post there.
-    fn submit_groups(&self, mut req: OpReq) -> Option<OpReq> {
-        let express = self.inner.map.express;
-        let bulk = match req.class {
-            Some(c) => c == Class::Bulk,
-            None => req.len() > self.inner.latency_threshold,
-        };
-        let fan = req.slots.take().filter(|_| bulk && (express || req.len() >= self.inner.fan_min));
-        let Some(slots) = fan else {
-            return Some(self.to_first(req));
-        };
-        let weights: Vec<usize> = self
-            .groups()
-            .zip(slots.by_group.iter())
-            .map(|((g, group), s)| match s {
-                Some(_) if !(express && g == GroupId::FIRST) => group.rails.len(),
-                _ => 0,
-            })
-            .collect();
-        if weights.iter().all(|&w| w == 0) {
-            // A peer whose lanes all sit in the first group (it asked for one lane).
-            return Some(self.to_first(req));
-        }
-        for (g, part) in crate::runtime::fanout::split(req, &slots.by_group, &weights) {
-            self.submit_to(g, part);
-        }
-        None
-    }
-
-    /// An op going whole to the first group: it names that group's descriptor.
-    fn to_first(&self, mut req: OpReq) -> OpReq {
-        req.seg.desc = self.group_desc(req.seg.desc, GroupId::FIRST);
-        req
-    }
-
-    /// Hand an op (or a part) to group `g`'s reactor, naming the group's own descriptor.
-    fn submit_to(&self, g: GroupId, mut req: OpReq) {
-        req.seg.desc = self.group_desc(req.seg.desc, g);
-        if let Err(Cmd::Op(req)) = self.group(g).send(Cmd::Op(req)) {
-            Counters::add_shared(&self.inner.counters[0].rejected);
-            req.cell.complete(Err(Error::Shutdown { op: req.op }));
-        }
-    }
 }
 
 /// A lane of a peer, by the rail group that owns it.
@@ -853,7 +429,6 @@ pub(crate) struct Lane {
 }
 
 pub(crate) use crate::reactor::cmd::Slots;
-use crate::reactor::cmd::{GroupId, PeerSlot, PeerSlots};
 
 /// A [`Runtime`] handle that does not keep it alive.
 #[derive(Clone, Debug)]
