@@ -82,6 +82,11 @@ fn dmabuf_regattr(
 }
 
 impl Mr {
+    /// An empty registration with room for one MR per rail.
+    fn for_rails(n: usize) -> Mr {
+        Mr { fids: Vec::with_capacity(n), descs: Vec::with_capacity(n), read_descs: Vec::new() }
+    }
+
     /// Keep rail registration `mr` (open, valid), its key in `keys`.
     fn push(&mut self, mr: *mut ffi::fid_mr, keys: &mut Vec<u64>) {
         // SAFETY: mr is a valid, open registration.
@@ -97,6 +102,31 @@ impl Mr {
         let desc = unsafe { ffi::fi_mr_desc(mr) as usize };
         self.fids.push(mr);
         self.read_descs.push(desc);
+    }
+}
+
+/// The access bits of local use: sends, receives, and the local side of writes and reads.
+const LOCAL: u64 = (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64;
+
+/// The access bits peers get to a region.
+fn remote_bits(access: Access) -> u64 {
+    let mut acs = 0;
+    if access.remote_read {
+        acs |= ffi::FI_REMOTE_READ as u64;
+    }
+    if access.remote_write {
+        acs |= ffi::FI_REMOTE_WRITE as u64;
+    }
+    acs
+}
+
+/// The key to ask for in a registration: random where we choose keys (never a guessable
+/// counter), 0 where the provider does (FI_MR_PROV_KEY).
+fn new_key(t: &FabricTransport) -> u64 {
+    if t.mr_mode & ffi::FI_MR_PROV_KEY != 0 {
+        0
+    } else {
+        rand::random::<u64>() & t.key_mask
     }
 }
 
@@ -117,31 +147,16 @@ pub(super) unsafe fn register(
     // A region peers reach is registered for that alone (local ops use the buffer's own
     // registration): rxm widens a registration that may send to remote reads, for its own
     // rendezvous, which would make a write-only region readable.
-    let mut acs = if access.is_remote() {
-        0
-    } else {
-        (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64
-    };
-    if access.remote_read {
-        acs |= ffi::FI_REMOTE_READ as u64;
-    }
-    if access.remote_write {
-        acs |= ffi::FI_REMOTE_WRITE as u64;
-    }
-    let prov_key = t.mr_mode & ffi::FI_MR_PROV_KEY != 0;
-    let mut m = Mr {
-        fids: Vec::with_capacity(t.rails.len()),
-        descs: Vec::with_capacity(t.rails.len()),
-        read_descs: Vec::new(),
-    };
+    let acs = if access.is_remote() { remote_bits(access) } else { LOCAL };
+    let mut m = Mr::for_rails(t.rails.len());
     let mut keys = Vec::with_capacity(t.rails.len());
     for rail in 0..t.rails.len() {
         let domain = t.rails[rail].domain;
         let mut mr: *mut ffi::fid_mr = ptr::null_mut();
-        // Random keys where we choose them: never a guessable counter. Retry on collision.
+        // Random keys may collide: retry.
         let mut tries = 0;
         let r = loop {
-            let key = if prov_key { 0 } else { rand::random::<u64>() & t.key_mask };
+            let key = new_key(t);
             // SAFETY: the caller keeps [ptr, ptr+len) allocated until deregister.
             let r = unsafe {
                 ffi::fi_mr_reg(domain, ptr as *const _, len, acs, 0, key, 0, &mut mr, ptr::null_mut())
@@ -178,20 +193,9 @@ pub(super) unsafe fn register_device(
     };
     // Device memory is registered for local use too (FI_MR_HMEM): the descriptor tells the
     // provider the memory's kind, so it never guesses per op.
-    let mut acs = (ffi::FI_SEND | ffi::FI_RECV | ffi::FI_READ | ffi::FI_WRITE) as u64;
-    if access.remote_read {
-        acs |= ffi::FI_REMOTE_READ as u64;
-    }
-    if access.remote_write {
-        acs |= ffi::FI_REMOTE_WRITE as u64;
-    }
-    let prov_key = t.mr_mode & ffi::FI_MR_PROV_KEY != 0;
+    let acs = LOCAL | remote_bits(access);
     let iov = ffi::iovec { iov_base: ptr as *mut _, iov_len: len };
-    let mut m = Mr {
-        fids: Vec::with_capacity(t.rails.len()),
-        descs: Vec::with_capacity(t.rails.len()),
-        read_descs: Vec::new(),
-    };
+    let mut m = Mr::for_rails(t.rails.len());
     let mut keys = Vec::with_capacity(t.rails.len());
     for rail in 0..t.rails.len() {
         let domain = t.rails[rail].domain;
@@ -201,7 +205,7 @@ pub(super) unsafe fn register_device(
         let attr = &mut room.attr;
         set_iov(attr, &iov);
         attr.access = acs;
-        attr.requested_key = if prov_key { 0 } else { rand::random::<u64>() & t.key_mask };
+        attr.requested_key = new_key(t);
         attr.iface = ffi::fi_hmem_iface_FI_HMEM_CUDA;
         attr.device.cuda = device as i32;
         let mut flags = if device_only { ffi::FI_HMEM_DEVICE_ONLY } else { 0 };
@@ -241,7 +245,7 @@ pub(super) unsafe fn register_device(
             let mut twin = HmemAttr::default();
             set_iov(&mut twin.attr, &iov);
             twin.attr.access = (ffi::FI_READ | ffi::FI_RECV) as u64;
-            twin.attr.requested_key = if prov_key { 0 } else { rand::random::<u64>() & t.key_mask };
+            twin.attr.requested_key = new_key(t);
             twin.attr.iface = ffi::fi_hmem_iface_FI_HMEM_CUDA;
             twin.attr.device.cuda = device as i32;
             let mut tmr: *mut ffi::fid_mr = ptr::null_mut();
