@@ -122,7 +122,7 @@ impl Runtime {
     }
 
     /// Send `make(slot)` to each group's reactor that holds the peer.
-    pub(super) fn each_slot(&self, slots: &[Option<PeerSlot>], mut make: impl FnMut(PeerSlot) -> Cmd) {
+    fn each_slot(&self, slots: &[Option<PeerSlot>], mut make: impl FnMut(PeerSlot) -> Cmd) {
         for (group, slot) in self.inner.groups.iter().zip(slots) {
             if let Some(slot) = *slot {
                 let _ = group.send(make(slot));

@@ -38,7 +38,7 @@ impl Runtime {
 
     /// Register on every group's transport: the region's keys are each rail's, wherever its
     /// group is; its id and descriptor name the groups' own (`regs`).
-    pub(super) fn register_on_groups(
+    fn register_on_groups(
         &self,
         op: OpKind,
         ptr: *mut u8,
@@ -98,7 +98,7 @@ impl Runtime {
     }
 
     /// The groups' own handles of region `id` (several groups), forgotten here.
-    pub(super) fn take_group_regs(&self, id: u64) -> Option<GroupRegs> {
+    fn take_group_regs(&self, id: u64) -> Option<GroupRegs> {
         self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).try_remove(id as usize)
     }
 

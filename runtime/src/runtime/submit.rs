@@ -1,6 +1,8 @@
 //! Handing ops and commands to the rail groups' reactors: an op goes to the first group (posted
-//! at once where this thread holds its reactor), or with several groups by class (`submit_groups`:
-//! the express rail takes messages and the latency class whole, bulk is split over the rest).
+//! at once where this thread holds its reactor), or with several groups as `submit_groups`
+//! routes it: with an express rail, messages and the latency class go to it whole and bulk to
+//! the other groups; without one, a one-sided op of `fan_min` bytes or more is split over every
+//! group.
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 
@@ -118,7 +120,7 @@ impl Runtime {
     /// of `fan_min` bytes or more is split across every group, and the rest goes to the first.
     /// Either way each part names its group's descriptor for the local memory. Hands back
     /// the op when it goes whole to the first group, for the caller to post there.
-    pub(super) fn submit_groups(&self, mut req: OpReq) -> Option<OpReq> {
+    fn submit_groups(&self, mut req: OpReq) -> Option<OpReq> {
         let express = self.inner.map.express;
         let bulk = match req.class {
             Some(c) => c == Class::Bulk,
@@ -147,13 +149,13 @@ impl Runtime {
     }
 
     /// An op going whole to the first group: it names that group's descriptor.
-    pub(super) fn to_first(&self, mut req: OpReq) -> OpReq {
+    fn to_first(&self, mut req: OpReq) -> OpReq {
         req.seg.desc = self.group_desc(req.seg.desc, GroupId::FIRST);
         req
     }
 
     /// Hand an op (or a part) to group `g`'s reactor, naming the group's own descriptor.
-    pub(super) fn submit_to(&self, g: GroupId, mut req: OpReq) {
+    fn submit_to(&self, g: GroupId, mut req: OpReq) {
         req.seg.desc = self.group_desc(req.seg.desc, g);
         if let Err(Cmd::Op(req)) = self.group(g).send(Cmd::Op(req)) {
             Counters::add_shared(&self.inner.counters[0].rejected);

@@ -1,5 +1,6 @@
 //! A lane's endpoint and completion queue: opened on a rail, connected to one peer's address,
-//! closed (on shm, after a peer endpoint of this process has closed, see `shm_peers`).
+//! closed (on shm, after waiting up to a patience for a peer endpoint of this process to close
+//! first, see `shm_peers`).
 use std::ptr;
 use std::time::Duration;
 

@@ -22,7 +22,7 @@ pub(super) struct Mr {
     /// Device memory on shm's FI_HMEM: per rail, the descriptor of a twin registration without
     /// FI_HMEM_DEVICE_ONLY, which reads into this memory use (see `register_device`). Empty
     /// elsewhere.
-    pub(super) read_descs: Vec<usize>,
+    read_descs: Vec<usize>,
 }
 
 /// A registration's attributes with zeroed room behind them (see `register_device`).
@@ -177,7 +177,8 @@ pub(super) unsafe fn register(
 /// Register CUDA device memory on every rail through FI_HMEM (see `Caps::device`).
 ///
 /// # Safety
-/// The device memory at `[ptr, ptr + len)` stays allocated until the region is deregistered.
+/// The device memory at `[ptr, ptr + len)`, and its dma-buf fd where `mem` has one, stay
+/// allocated and open until the region is deregistered.
 pub(super) unsafe fn register_device(
     t: &mut FabricTransport,
     ptr: *mut u8,

@@ -329,6 +329,7 @@ impl FabricTransport {
     }
 }
 
+/// The NUMA node of the NIC behind `info`, from sysfs (efa and verbs devices); `None` where
 /// there is no device (tcp on loopback, shm) or the host has one node.
 fn numa_of(info: &ffi::fi_info) -> Option<usize> {
     // SAFETY: reading the domain name string of an entry fi_getinfo returned.

@@ -11,7 +11,8 @@ use crate::probe;
 /// Post `wr` on its lane.
 ///
 /// # Safety
-/// The work request's local memory stays valid until its completion (see `Transport::post`).
+/// As `Transport::post`: every segment's memory stays valid (and, for receives and reads, is
+/// not accessed by anyone else) until `poll` returns the request's completion.
 pub(super) unsafe fn post(t: &mut FabricTransport, wr: &WorkRequest<'_>) -> Result<Posted, PostError> {
     let mut iov = [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; 4];
     let mut desc = [ptr::null_mut::<std::ffi::c_void>(); 4];
