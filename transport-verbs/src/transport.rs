@@ -170,6 +170,19 @@ impl VerbsTransport {
         call_error(&self.caps.provider, what, ret)
     }
 
+    /// Keeps a fresh, non-null registration of memory at `ptr` and names it to the runtime.
+    fn record(&mut self, mr: *mut ibv_mr, ptr: *mut u8) -> MemoryRegion {
+        // SAFETY: the callers pass a registration ibv_reg_mr (or its dma-buf form) just returned.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        MemoryRegion {
+            id: self.mrs.insert(mr) as u64,
+            desc: lkey as usize,
+            key: rkey as u64,
+            rail_keys: Vec::new(),
+            remote_base: ptr as u64,
+        }
+    }
+
     fn post_notify_recvs(&self, lane: &Lane, n: u32) -> i32 {
         for _ in 0..n {
             // SAFETY: a zeroed ibv_recv_wr is valid: no scatter list, a zero-length receive.
@@ -502,16 +515,7 @@ impl Transport for VerbsTransport {
                 self.err("ibv_reg_dmabuf_mr / ibv_reg_mr of device memory (dma-buf or nvidia-peermem)", 0)
             );
         }
-        // SAFETY: mr is a valid registration.
-        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-        let id = self.mrs.insert(mr) as u64;
-        Ok(MemoryRegion {
-            id,
-            desc: lkey as usize,
-            key: rkey as u64,
-            rail_keys: Vec::new(),
-            remote_base: ptr as u64,
-        })
+        Ok(self.record(mr, ptr))
     }
 
     unsafe fn register(
@@ -526,16 +530,7 @@ impl Transport for VerbsTransport {
         if mr.is_null() {
             return Err(self.err("ibv_reg_mr", 0));
         }
-        // SAFETY: mr is a valid registration.
-        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-        let id = self.mrs.insert(mr) as u64;
-        Ok(MemoryRegion {
-            id,
-            desc: lkey as usize,
-            key: rkey as u64,
-            rail_keys: Vec::new(),
-            remote_base: ptr as u64,
-        })
+        Ok(self.record(mr, ptr))
     }
 
     fn deregister(&mut self, id: u64) -> Result<(), TransportError> {
