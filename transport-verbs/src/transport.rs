@@ -170,9 +170,13 @@ impl VerbsTransport {
         call_error(&self.caps.provider, what, ret)
     }
 
-    /// Keeps a fresh, non-null registration of memory at `ptr` and names it to the runtime.
-    fn record(&mut self, mr: *mut ibv_mr, ptr: *mut u8) -> MemoryRegion {
-        // SAFETY: the callers pass a registration ibv_reg_mr (or its dma-buf form) just returned.
+    /// Keeps a registration of memory at `ptr` and names it to the runtime.
+    ///
+    /// # Safety
+    /// `mr` is a live, non-null registration on this transport's protection domain, as
+    /// `ibv_reg_mr` (or its dma-buf form) just returned it; the transport owns it from here.
+    unsafe fn record(&mut self, mr: *mut ibv_mr, ptr: *mut u8) -> MemoryRegion {
+        // SAFETY: the caller's contract: mr points at a live ibv_mr.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
         MemoryRegion {
             id: self.mrs.insert(mr) as u64,
@@ -515,7 +519,8 @@ impl Transport for VerbsTransport {
                 self.err("ibv_reg_dmabuf_mr / ibv_reg_mr of device memory (dma-buf or nvidia-peermem)", 0)
             );
         }
-        Ok(self.record(mr, ptr))
+        // SAFETY: mr is the non-null registration just made above.
+        Ok(unsafe { self.record(mr, ptr) })
     }
 
     unsafe fn register(
@@ -530,7 +535,8 @@ impl Transport for VerbsTransport {
         if mr.is_null() {
             return Err(self.err("ibv_reg_mr", 0));
         }
-        Ok(self.record(mr, ptr))
+        // SAFETY: mr is the non-null registration just made above.
+        Ok(unsafe { self.record(mr, ptr) })
     }
 
     fn deregister(&mut self, id: u64) -> Result<(), TransportError> {
