@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# On the device machine (16 cores): one prebuilt rdmalane-perf, 16 B `lat` p50 on shm and tcp
+# with the raw engine, the inline driver and the thread driver as it comes, without the express
+# rail, with a spinning lending thread and without the wait object; ROUNDS interleaved rounds
+# (default 7), then each one's median over the raw engine's, and its range.
+# Usage: scripts/device/lat-spread.sh BIN
+cd "$(dirname "$0")/../.."
+B=$1; out=$(mktemp)
+p50() { timeout 60 "$@" --json 2>/dev/null | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["p50_us"])' 2>/dev/null || echo nan; }
+for rep in $(seq "${ROUNDS:-7}"); do for p in shm tcp; do
+  L=(lat --provider "$p" --size 16 --iters 20000)
+  echo "$p raw $(p50 "$B" "${L[@]}" --engine raw)" >>"$out"
+  echo "$p inline $(p50 "$B" "${L[@]}" --driver inline)" >>"$out"
+  echo "$p thread $(p50 "$B" "${L[@]}" --driver thread)" >>"$out"
+  echo "$p thread-noexpress $(RDMALANE_EXPRESS=0 p50 "$B" "${L[@]}" --driver thread)" >>"$out"
+  echo "$p thread-spinlend $(RDMALANE_LEND_NAP=0 p50 "$B" "${L[@]}" --driver thread)" >>"$out"
+  echo "$p thread-nowait $(RDMALANE_CQ_WAIT=0 p50 "$B" "${L[@]}" --driver thread)" >>"$out"
+done; done
+python3 - "$out" <<'PY'
+import sys, statistics as st, collections
+d = collections.defaultdict(list)
+for l in open(sys.argv[1]):
+    p, m, v = l.split()
+    if v != "nan": d[(p, m)].append(float(v))
+for p in ("shm", "tcp"):
+    if not d[(p, "raw")]: continue
+    raw = st.median(d[(p, "raw")])
+    for m in ("raw", "inline", "thread", "thread-noexpress", "thread-spinlend", "thread-nowait"):
+        v = d[(p, m)]
+        if v: print(f"{p} {m:17s} median {st.median(v):.3f} us ({st.median(v)/raw:.2f}x raw)  range {min(v):.3f}-{max(v):.3f}  n={len(v)}")
+PY
