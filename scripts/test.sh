@@ -57,5 +57,6 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The latency probe (off by default) still builds, and its hooks count what they should.
-cargo clippy -p rdmalane-efa -p rdmalane-perf --all-targets --features probe -- -D warnings
+cargo clippy -p rdmalane -p rdmalane-efa -p rdmalane-perf --all-targets --features probe -- -D warnings
 cargo test -p rdmalane-efa --features probe --lib probe
+cargo test -p rdmalane --features probe --lib probe

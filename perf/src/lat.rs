@@ -13,6 +13,8 @@ use crate::conn::{serve_each, with_server, BoxErr, CpuMeter, RawConn, RtConn};
 use crate::report::{print, Progress, Val};
 
 pub fn run(a: &Common) -> Result<(), BoxErr> {
+    // The runtime's stage marks (`probe`) read the counter the round trips are timed with.
+    rdmalane::probe::set_clock(rdmalane_wake::ticks);
     if a.server {
         let done = |cpu: CpuMeter| {
             println!("SERVER_CPU {:.2}", cpu.pct());
@@ -546,6 +548,15 @@ fn report_probe(side: &str, a: &Common) {
         ns(&p.cq_empty),
         ns(&p.post)
     );
+    let stages = rdmalane::probe::stages().unwrap_or_default();
+    if stages.iter().any(|s| s.count > 0) {
+        let step = |s: &rdmalane::probe::StageTally| {
+            let mean = if s.count > 0 { c.ns(s.ticks as f64 / s.count as f64) } else { f64::NAN };
+            format!("{:?} +{mean:.0} ns ({})", s.stage, s.count)
+        };
+        let steps: Vec<String> = stages.iter().map(step).collect();
+        eprintln!("probe {side} stages from a reap with completions: {}", steps.join(", "));
+    }
 }
 
 /// The clock samples are taken with: perftest's, the time-stamp counter (a VM's OS clock can

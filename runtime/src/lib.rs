@@ -46,6 +46,13 @@ pub use op::Op;
 pub use recv_stream::{RecvMsg, RecvStream};
 pub use runtime::{Builder, Driver, Runtime, WeakRuntime};
 
+/// Where the runtime's part of a reply goes, stage by stage (feature `probe`; without it the
+/// marks are empty and [`stages`](probe::stages) reports nothing): for benchmarks that time the
+/// path from a completion to the next post.
+pub mod probe {
+    pub use crate::base::probe::{set_clock, stages, Stage, StageTally, STAGES};
+}
+
 /// The fair-share scheduler's settings (the scheduler itself is the reactor's).
 pub mod sched {
     pub use crate::base::sched::{Class, Mode, SchedConfig, Stripe, TenantId};

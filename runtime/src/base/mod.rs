@@ -6,6 +6,7 @@ pub(crate) mod error;
 pub(crate) mod imm;
 pub(crate) mod lane_map;
 pub(crate) mod memory;
+pub(crate) mod probe;
 pub(crate) mod refusal;
 pub(crate) mod remote;
 pub(crate) mod sched;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::base::error::{BufResult, Error};
+use crate::base::probe::{self, Stage};
 use crate::base::sched::{Class, TenantId};
 use crate::buf::IoBuf;
 use crate::driver::handoff::{self, AwaitSpin};
@@ -146,6 +147,7 @@ impl<B: IoBuf> Op<B> {
         if !matches!(self.inner, Inner::Unsubmitted(..)) {
             return Standing::FREE;
         }
+        probe::mark(Stage::Submitted);
         let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return Standing::FREE };
         let Inner::Unsubmitted(own, draft) = &self.inner else { return Standing::FREE };
         let Some(rt) = Self::runtime_of(own, &self.buf) else { return Standing::FREE };
@@ -281,6 +283,7 @@ impl<B: IoBuf> Future for Op<B> {
         // into the caller's slot.
         match out {
             Poll::Ready(res) => {
+                probe::mark(Stage::OpReady);
                 let buf = this.buf.take().expect("Op polled after completion");
                 Poll::Ready((res.map_err(|e| *e), buf))
             }

@@ -7,6 +7,7 @@ use super::cell::{Done, OpCell};
 use super::{settle_cell, Held, Reactor, POLL_BATCH};
 use crate::base::error::OpKind;
 use crate::base::error::{Error, FailureClass, TransportError};
+use crate::base::probe::{self, Stage};
 use crate::base::sched::{Chunk, OpDone};
 use crate::base::stats::Counters;
 use crate::base::transport::Completion;
@@ -91,7 +92,13 @@ impl Reactor {
 
     pub(super) fn reap(&mut self) -> bool {
         let n = self.t.poll(&mut self.comps, POLL_BATCH);
-        self.complete_polled(n)
+        if n == 0 {
+            return false;
+        }
+        probe::mark(Stage::Reaped);
+        self.complete_polled(n);
+        probe::mark(Stage::Settled);
+        true
     }
 
     /// As `reap`, reading the completion queues now even where the transport spaces its

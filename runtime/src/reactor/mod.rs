@@ -32,6 +32,7 @@ use slab::Slab;
 use crate::base::error::{Error, FailureClass, OpKind, TransportError};
 use crate::base::imm::ImmQueue;
 use crate::base::memory::DeviceMem;
+use crate::base::probe::{self, Stage};
 use crate::base::sched::{Chunk, SchedConfig, Scheduler};
 use crate::base::stats::Counters;
 use crate::base::transport::{Access, Completion, LocalSeg, MemoryRegion, Transport, WrKind};
@@ -246,6 +247,7 @@ impl Reactor {
         if self.turns.is_multiple_of(64) {
             self.expire_waits();
         }
+        probe::mark(Stage::TurnDone);
         work
     }
 

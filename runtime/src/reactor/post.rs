@@ -11,6 +11,7 @@ use crate::base::batch::MAX_SGE;
 use crate::base::control::Ctl;
 use crate::base::error::Error;
 use crate::base::error::OpKind;
+use crate::base::probe::{self, Stage};
 use crate::base::remote::RemoteBuf;
 use crate::base::sched::{Chunk, Class, OpDone, OpId, OpSpec, Scheduler};
 use crate::base::stats::Counters;
@@ -83,6 +84,7 @@ impl Reactor {
     /// goes to `submit_now`. (The draft is only looked at: the op's future keeps it, so the
     /// common path moves no request around.)
     pub(crate) fn post_at_once(&mut self, draft: &Draft, seg: LocalSeg) -> Option<AtOnce> {
+        probe::mark(Stage::AtReactor);
         self.take_commands();
         let peer = draft.peer;
         let live = self.phase == Phase::Running
@@ -391,6 +393,7 @@ impl Reactor {
         // larger message comes as a rendezvous marker and is read into the whole buffer.
         let local = LocalSeg { len: seg.len.min(self.provider_max), ..seg };
         let wr = WorkRequest { id, lane, peer: addr, kind, local: std::slice::from_ref(&local), more: false };
+        probe::mark(Stage::Posting);
         let posted = lease::post(self.t.as_mut(), &wr);
         if posted.is_ok() {
             Counters::add(&self.counters.posted);
