@@ -550,12 +550,18 @@ fn report_probe(side: &str, a: &Common) {
     );
     let stages = rdmalane::probe::stages().unwrap_or_default();
     if stages.iter().any(|s| s.count > 0) {
+        // Each step holds one mark's own cost: taken off.
+        let own = rdmalane::probe::mark_ticks().unwrap_or(0.0);
         let step = |s: &rdmalane::probe::StageTally| {
-            let mean = if s.count > 0 { c.ns(s.ticks as f64 / s.count as f64) } else { f64::NAN };
-            format!("{:?} +{mean:.0} ns ({})", s.stage, s.count)
+            let mean = if s.count > 0 { c.ns(s.ticks as f64 / s.count as f64 - own) } else { f64::NAN };
+            format!("{:?} {:.0} ns ({})", s.stage, mean.max(0.0), s.count)
         };
         let steps: Vec<String> = stages.iter().map(step).collect();
-        eprintln!("probe {side} stages from a reap with completions: {}", steps.join(", "));
+        eprintln!(
+            "probe {side} stages from a reap with completions (less a mark's own {:.0} ns each): {}",
+            c.ns(own),
+            steps.join(", ")
+        );
     }
 }
 

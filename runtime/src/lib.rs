@@ -50,7 +50,7 @@ pub use runtime::{Builder, Driver, Runtime, WeakRuntime};
 /// marks are empty and [`stages`](probe::stages) reports nothing): for benchmarks that time the
 /// path from a completion to the next post.
 pub mod probe {
-    pub use crate::base::probe::{set_clock, stages, Stage, StageTally, STAGES};
+    pub use crate::base::probe::{mark_ticks, set_clock, stages, Stage, StageTally, STAGES};
 }
 
 /// The fair-share scheduler's settings (the scheduler itself is the reactor's).
