@@ -62,14 +62,18 @@ struct Marks {
     count: [Cell<u64>; N],
 }
 
-thread_local! {
-    static MARKS: Marks = const {
+impl Marks {
+    const fn new() -> Marks {
         Marks {
             at: [const { Cell::new(0) }; N],
             ticks: [const { Cell::new(0) }; N],
             count: [const { Cell::new(0) }; N],
         }
-    };
+    }
+}
+
+thread_local! {
+    static MARKS: Marks = const { Marks::new() };
 }
 
 /// The clock the marks read: set by whoever reports them (the runtime has no cycle counter of
@@ -113,13 +117,7 @@ fn mark_in(m: &Marks, i: usize, clock: fn() -> u64) {
 pub fn mark_ticks() -> Option<f64> {
     const ROUNDS: usize = 4096;
     thread_local! {
-        static SPARE: Marks = const {
-            Marks {
-                at: [const { Cell::new(0) }; N],
-                ticks: [const { Cell::new(0) }; N],
-                count: [const { Cell::new(0) }; N],
-            }
-        };
+        static SPARE: Marks = const { Marks::new() };
     }
     let &clock = CLOCK.get().filter(|_| ON)?;
     SPARE.with(|m| {
