@@ -152,8 +152,12 @@ mod tests {
 
     #[test]
     fn a_stage_counts_only_straight_after_the_one_before_it() {
-        static T: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(100);
-        set_clock(|| T.fetch_add(10, std::sync::atomic::Ordering::Relaxed));
+        // Ten ticks a read, counted per thread: marks other tests make meanwhile on their own
+        // threads move no clock of this one's.
+        thread_local! {
+            static T: Cell<u64> = const { Cell::new(100) };
+        }
+        set_clock(|| T.with(|t| t.replace(t.get() + 10)));
         std::thread::spawn(|| {
             mark(Stage::Reaped);
             mark(Stage::Settled);
