@@ -16,16 +16,4 @@ for rep in $(seq "${ROUNDS:-7}"); do for p in shm tcp; do
   echo "$p thread-spinlend $(RDMALANE_LEND_NAP=0 p50 "$B" "${L[@]}" --driver thread)" >>"$out"
   echo "$p thread-nowait $(RDMALANE_CQ_WAIT=0 p50 "$B" "${L[@]}" --driver thread)" >>"$out"
 done; done
-python3 - "$out" <<'PY'
-import sys, statistics as st, collections
-d = collections.defaultdict(list)
-for l in open(sys.argv[1]):
-    p, m, v = l.split()
-    if v != "nan": d[(p, m)].append(float(v))
-for p in ("shm", "tcp"):
-    if not d[(p, "raw")]: continue
-    raw = st.median(d[(p, "raw")])
-    for m in ("raw", "inline", "thread", "thread-noexpress", "thread-spinlend", "thread-nowait"):
-        v = d[(p, m)]
-        if v: print(f"{p} {m:17s} median {st.median(v):.3f} us ({st.median(v)/raw:.2f}x raw)  range {min(v):.3f}-{max(v):.3f}  n={len(v)}")
-PY
+python3 scripts/device/p50-medians.py "$out"

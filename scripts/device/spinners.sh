@@ -49,15 +49,4 @@ for rep in $(seq "$rounds"); do
   done
 done
 echo "== medians of p50 (us), and over the raw engine's alone"
-python3 - "$out" <<'PY'
-import sys, statistics as st, collections
-d = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    p, m, v = line.split()
-    if v != "nan": d[(p, m)].append(float(v))
-for p in ("shm", "tcp"):
-    med = {m: st.median(v) for (q, m), v in d.items() if q == p}
-    for m, v in med.items():
-        base = med.get("await-raw" if m.startswith("await") else "raw")
-        print(f"{p} {m:18s} {v:8.3f}" + (f"  {v / base:.2f}x" if base else ""))
-PY
+python3 scripts/device/p50-medians.py "$out"
