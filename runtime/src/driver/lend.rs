@@ -431,7 +431,10 @@ mod tests {
         let rig = rig(split_config(8), 1);
         let rt = u64::MAX - 8;
         let lend = Arc::new(Lend::new(rt, rig.idle.clone(), Arc::new(Quiet), true));
-        // The lending thread: lends the reactor out twice, saying when each ends.
+        // The lending thread: lends the reactor out twice, each time a task asks for it (as
+        // the reactor thread does: a reactor put out unasked would be taken back after one
+        // nap, before a test thread slowed by a loaded host gets to it), saying when each
+        // lend ends.
         let (back_tx, back) = mpsc::channel();
         let thread = {
             let lend = lend.clone();
@@ -439,6 +442,11 @@ mod tests {
                 lend.set_thread(std::thread::current());
                 let mut r = Box::new(rig.r);
                 for _ in 0..2 {
+                    let t0 = Instant::now();
+                    while !lend.wanted() {
+                        assert!(t0.elapsed() < Duration::from_secs(5), "a task asks for the reactor");
+                        std::thread::yield_now();
+                    }
                     r = lend.lend_out(r).expect("not stopping");
                     back_tx.send(Instant::now()).expect("the test listens");
                 }
@@ -449,7 +457,7 @@ mod tests {
         // A task's hold, once the thread has put the reactor out.
         let take = || {
             let (t0, mut lease) = (Instant::now(), lend.lease());
-            while !lease.hold(false) {
+            while !lease.hold(true) {
                 assert!(t0.elapsed() < within, "the reactor came out");
                 std::thread::yield_now();
             }
