@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::driver::lend::Lend;
+use crate::driver::spin_window::SpinWindow;
 use crate::reactor::{Idle, Reactor};
 
 /// How the thread idles.
@@ -65,6 +66,7 @@ pub(crate) fn spawn(
         // object (shm) cannot wake us for an incoming message, so right after traffic we nap
         // briefly, and only a long-idle reactor sleeps long.
         let mut nap = NAP_MIN;
+        let mut window = SpinWindow::new(policy.spin);
         loop {
             if idle.shutdown.load(Ordering::Acquire) {
                 break;
@@ -103,7 +105,7 @@ pub(crate) fn spawn(
                 reactor.set_serving(true);
             }
             idle_turns = idle_turns.wrapping_add(1);
-            if !idle_turns.is_multiple_of(SPIN_LOOK) || since.elapsed() < policy.spin {
+            if !idle_turns.is_multiple_of(SPIN_LOOK) || since.elapsed() < window.get() {
                 std::hint::spin_loop();
                 continue;
             }
@@ -128,7 +130,9 @@ pub(crate) fn spawn(
                 let asked = nap.min(longest);
                 let slept = Instant::now();
                 reactor.transport_mut().wait(asked);
-                if policy.woken_by_traffic && slept.elapsed() < asked / 2 {
+                let slept = slept.elapsed();
+                window.slept(slept, policy.woken_by_traffic && slept < asked / 2);
+                if policy.woken_by_traffic && slept < asked / 2 {
                     // Woken by the wait object, not by the time: traffic. A peer's one-sided op
                     // our progress serves raises no completion here, so without this each of a
                     // stream of them would find the reactor asleep again and pay a wake-up
