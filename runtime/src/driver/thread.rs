@@ -81,12 +81,16 @@ pub(crate) fn spawn(
                     // Stopping while a task holds it: that task stops it.
                     None => return,
                 }
-                idle_since = None;
+                if idle_since.take().is_some() {
+                    window.work();
+                }
                 nap = NAP_MIN;
                 continue;
             }
             if reactor.turn() || reactor.busy() {
-                idle_since = None;
+                if idle_since.take().is_some() {
+                    window.work();
+                }
                 nap = NAP_MIN;
                 if reactor.busy() && std::mem::take(&mut serving) {
                     reactor.set_serving(false);
@@ -98,6 +102,7 @@ pub(crate) fn spawn(
             }
             let since = *idle_since.get_or_insert_with(|| {
                 idle_turns = 0;
+                window.begin();
                 Instant::now()
             });
             if !serving {
@@ -105,7 +110,7 @@ pub(crate) fn spawn(
                 reactor.set_serving(true);
             }
             idle_turns = idle_turns.wrapping_add(1);
-            if !idle_turns.is_multiple_of(SPIN_LOOK) || since.elapsed() < window.get() {
+            if !idle_turns.is_multiple_of(SPIN_LOOK) || window.spin_on(since.elapsed()) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -131,8 +136,12 @@ pub(crate) fn spawn(
                 let slept = Instant::now();
                 reactor.transport_mut().wait(asked);
                 let slept = slept.elapsed();
-                window.slept(slept, policy.woken_by_traffic && slept < asked / 2);
-                if policy.woken_by_traffic && slept < asked / 2 {
+                let woken = policy.woken_by_traffic && slept < asked / 2;
+                // A submitter's notify or a task's ask ends the sleep the same way: no stream.
+                let local =
+                    idle.commands.load(Ordering::Acquire) > 0 || lend.as_ref().is_some_and(|l| l.wanted());
+                window.slept(slept, woken && !local);
+                if woken {
                     // Woken by the wait object, not by the time: traffic. A peer's one-sided op
                     // our progress serves raises no completion here, so without this each of a
                     // stream of them would find the reactor asleep again and pay a wake-up
