@@ -14,7 +14,8 @@ use crate::reactor::{Idle, Reactor};
 /// How the thread idles.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct IdlePolicy {
-    /// Busy-spin this long after the last work before sleeping.
+    /// Busy-spin this long after the last work before sleeping: the set window, which
+    /// `SpinWindow` widens while peers' traffic ends each sleep at once.
     pub spin: Duration,
     /// The longest single sleep (bounds the latency of noticing work on providers without a
     /// wait object).
