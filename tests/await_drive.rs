@@ -173,3 +173,27 @@ fn a_runtime_stops_while_other_threads_keep_taking_its_reactor() {
         assert!(wrote > 0, "{p}: the writers wrote before the stop");
     }
 }
+
+#[test]
+fn a_block_on_that_keeps_the_lent_reactor_moves_every_byte_and_registers_memory_meanwhile() {
+    for p in providers() {
+        let (a, b) = (runtime(p, true), runtime(p, true));
+        // Under `Runtime::block_on`, which keeps the lent reactor through its future's polls
+        // once it has it. Every round registers fresh buffers (`alloc`), each a command the
+        // reactor answers: while this thread holds that reactor, the wait for the answer turns
+        // it (else the wait would never end).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (a2, b2, p2) = (a.clone(), b.clone(), p.to_string());
+        std::thread::spawn(move || {
+            // The bootstrap connection is tokio's: its reactor runs on a worker of its own.
+            let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
+            let _io = io.as_ref().expect("tokio").enter();
+            a2.block_on(rounds(&a2, &b2, 300, &p2));
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("{p}: the block_on did not finish"));
+        assert!(a.stats().task_holds > 0, "{p}: the reactor was lent");
+        assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
+    }
+}

@@ -201,7 +201,7 @@ thread_local! {
 const POLL_BUDGET: u32 = 128;
 
 /// What `block_on` found in the thread's driver state, put back when it returns or unwinds.
-struct Driving {
+pub(crate) struct Driving {
     outer: bool,
     outer_driver: Option<(u64, Waker)>,
     /// An outer driver's poll in progress keeps its reap and budget.
@@ -210,6 +210,12 @@ struct Driving {
 }
 
 impl Driving {
+    /// Not an inline driver's poll: no reactor of ours is driven by this thread's loop, so
+    /// no inline budget is spent here.
+    pub(crate) fn elsewhere() -> Driving {
+        Driving::enter(false, None)
+    }
+
     /// Set this thread's driver state (`driver`: the runtime id and waker of an inline driver
     /// now polling); the guard restores the outer state when dropped.
     fn enter(driving: bool, driver: Option<(u64, Waker)>) -> Driving {
@@ -288,7 +294,7 @@ pub(crate) fn block_on<F: Future>(slot: &Slot, id: u64, idle: &Idle, fut: F) -> 
 /// here, even nested in an inline driver's poll, so that driver's budget must not be spent
 /// (and, spent, make every op yield) where it never resets.
 pub(crate) fn block_on_elsewhere<F: Future>(fut: F) -> F::Output {
-    let _outer = Driving::enter(false, None);
+    let _outer = Driving::elsewhere();
     futures::executor::block_on(fut)
 }
 

@@ -229,6 +229,23 @@ impl Lend {
         self.line.slot.take()
     }
 
+    /// Is the runtime stopping? (Its thread then wants the reactor back to stop it.)
+    pub(crate) fn stopping(&self) -> bool {
+        self.idle.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Put `r` in the slot, as the thread lends it out (tests without a lending thread).
+    #[cfg(test)]
+    pub(crate) fn put_for_test(&self, r: Box<Reactor>) {
+        self.line.slot.store(Some(r));
+    }
+
+    /// Take the reactor out of the slot, if it is there (tests without a lending thread).
+    #[cfg(test)]
+    pub(crate) fn take_for_test(&self) -> Option<Box<Reactor>> {
+        self.line.slot.take()
+    }
+
     /// Holds tasks have taken so far.
     pub(crate) fn holds(&self) -> u64 {
         self.line.released.load(Ordering::Relaxed)
@@ -303,6 +320,11 @@ impl Lease<'_> {
     pub(crate) fn detach(mut self) -> Standing {
         let state = std::mem::replace(&mut self.state, LeaseState::Free);
         Standing(state, self.lend)
+    }
+
+    /// Does this lease hold the reactor (or sit in a hold of this thread's)?
+    pub(crate) fn held(&self) -> bool {
+        matches!(self.state, LeaseState::Held | LeaseState::Nested)
     }
 
     /// Hold the reactor if it is in the slot; where the thread has it and `ask`, ask for it

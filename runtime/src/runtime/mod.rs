@@ -22,6 +22,7 @@ use crate::base::transport::{Caps, LaneId, Notify, RailId};
 use crate::driver::handoff::AwaitSpin;
 use crate::driver::inline::{self, Slot};
 use crate::driver::lend::Lend;
+use crate::driver::lent_block_on;
 use crate::reactor::cmd::{Cmd, GroupId};
 use crate::reactor::{Idle, SHUTDOWN_LIMIT};
 
@@ -371,11 +372,19 @@ impl Runtime {
     }
 
     /// Run a future to completion on this thread. With [`Driver::Inline`] this thread also
-    /// drives the reactor, busy-polling; otherwise it parks until woken.
+    /// drives the reactor, busy-polling. With [`Driver::Thread`] it parks until woken; where
+    /// tasks spin for latency-class ops (see [`Builder::await_spin`](crate::Builder::await_spin)),
+    /// it also keeps the reactor its ops hold through its future's polls and turns it between
+    /// them, giving it back to the reactor thread once the future has waited that spin's budget
+    /// with nothing to do, when another task asks for it, and on return. Code the future runs
+    /// between two awaits then runs with that reactor held, as under the inline driver.
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
-        match &self.inner.inline {
-            Some(slot) => inline::block_on(slot, self.inner.id, &self.inner.groups[0].idle, fut),
-            None => inline::block_on_elsewhere(fut),
+        match (&self.inner.inline, self.lend()) {
+            (Some(slot), _) => inline::block_on(slot, self.inner.id, &self.inner.groups[0].idle, fut),
+            (None, Some(lend)) => {
+                lent_block_on::block_on(lend, self.inner.id, self.inner.await_spin.budget(), fut)
+            }
+            (None, None) => inline::block_on_elsewhere(fut),
         }
     }
 

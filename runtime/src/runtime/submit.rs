@@ -100,9 +100,16 @@ impl Runtime {
             return Err(Error::Shutdown { op });
         }
         loop {
-            // The inline driver may be nobody right now: turn the reactor ourselves.
-            if let Some(slot) = &self.inner.inline {
-                slot.with(self.inner.id, Reactor::turn);
+            // The inline driver may be nobody right now, and a lent reactor may be held by this
+            // very thread (a `block_on` keeps it through its future's polls): turn it ourselves.
+            let turned = match &self.inner.inline {
+                Some(slot) => {
+                    slot.with(self.inner.id, Reactor::turn);
+                    true
+                }
+                None => g == GroupId::FIRST && with_held(self.inner.id, (), |r, ()| r.turn()).is_ok(),
+            };
+            if turned {
                 match rx.try_recv() {
                     Ok(v) => return Ok(v),
                     Err(mpsc::TryRecvError::Empty) => continue,
