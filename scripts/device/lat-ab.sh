@@ -2,14 +2,15 @@
 # On the device machine (16 cores), prebuilt rdmalane-perf binaries side by side: the single-op
 # paths the heart check judges (`lat` raw / inline / thread, and write-await raw / thread) on
 # shm and tcp, ROUNDS interleaved rounds (default 3), medians at the end, each binary named by
-# its file name.
+# its file name. PROVIDERS (default "shm tcp") picks the providers. Runs anywhere; on fewer than
+# 4 cores the thread driver spins (and lends its reactor) only with RDMALANE_AWAIT_SPIN_US set.
 # Usage: scripts/device/lat-ab.sh BIN [BIN...]
 cd "$(dirname "$0")/../.."
 rounds=${ROUNDS:-3}
 out=$(mktemp)
 p50() { timeout 100 "$@" --json 2>/dev/null | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["p50_us"])' 2>/dev/null || echo nan; }
 for rep in $(seq "$rounds"); do
-  for p in shm tcp; do
+  for p in ${PROVIDERS:-shm tcp}; do
     L=(lat --provider $p --size 16 --iters 30000)
     for P in "$@"; do
       for mode in "raw:--engine raw" "inline:--driver inline" "thread:--driver thread" \
@@ -27,7 +28,7 @@ d = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     p, b, m, v = line.split()
     if v != "nan": d[(p, b, m)].append(float(v))
-for p in ("shm", "tcp"):
+for p in os.environ.get("PROVIDERS", "shm tcp").split():
     for b in map(os.path.basename, sys.argv[2:]):
         med = {m: st.median(d[(p, b, m)]) for m in ("raw", "inline", "thread", "await-raw", "await-thread") if d[(p, b, m)]}
         r = lambda a, z: f"{med[a] / med[z]:.2f}" if a in med and z in med else "-"
