@@ -197,3 +197,57 @@ fn a_block_on_that_keeps_the_lent_reactor_moves_every_byte_and_registers_memory_
         assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
     }
 }
+
+#[test]
+fn a_receive_awaited_in_another_executor_inside_such_a_block_on_finishes_when_its_message_comes_late() {
+    for p in providers() {
+        let (a, b) = (runtime(p, true), runtime(p, true));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (a2, b2, p2) = (a.clone(), b.clone(), p.to_string());
+        std::thread::spawn(move || {
+            let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
+            let io = io.expect("tokio");
+            let _io = io.enter();
+            a2.block_on(async {
+                // Rounds first, so that this block_on has the reactor by now.
+                rounds(&a2, &b2, 50, &p2).await;
+                let (ab, ba) = pair(&a2, &b2).await;
+                let ba = std::sync::Arc::new(ba);
+                for i in 0..3u64 {
+                    // A send puts the reactor in the slot, and a yield right after has this
+                    // block_on take it for its next poll, where the rest runs.
+                    let (_, ping) = filled(&a2, 16, i);
+                    let got = ba.recv(b2.alloc(16).expect("alloc")).start();
+                    ab.send(ping).await.0.expect("send");
+                    let mut yielded = false;
+                    std::future::poll_fn(|cx| {
+                        if std::mem::replace(&mut yielded, true) {
+                            return std::task::Poll::Ready(());
+                        }
+                        cx.waker().wake_by_ref();
+                        std::task::Poll::Pending
+                    })
+                    .await;
+                    got.await.0.expect("recv");
+                    let recv = ab.recv(a2.alloc(16).expect("alloc")).start();
+                    let (want, ping) = filled(&b2, 16, 9000 + i);
+                    // The message comes 5 ms on, long after the receive's spin.
+                    let ba = ba.clone();
+                    let late = io.spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        ba.send(ping).await.0.expect("late send");
+                    });
+                    // Another executor, nested: it parks this thread until the receive's waker.
+                    let (n, got) = futures::executor::block_on(recv);
+                    assert_eq!(n.unwrap_or_else(|e| panic!("{p2}: late recv {i}: {e}")), 16);
+                    assert_eq!(got[..], want[..], "{p2}: late message {i}");
+                    futures::executor::block_on(late).expect("the late send ran");
+                }
+            });
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("{p}: the nested wait never ended"));
+        assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
+    }
+}

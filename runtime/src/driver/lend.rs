@@ -322,8 +322,13 @@ impl Lease<'_> {
         Standing(state, self.lend)
     }
 
-    /// Does this lease hold the reactor (or sit in a hold of this thread's)?
-    pub(crate) fn held(&self) -> bool {
+    /// Does this lease hold the reactor (or sit in a hold of this thread's)? For a hold kept
+    /// across other code's polls (a `block_on`'s): an op that parked inside it put the reactor
+    /// back (see [`release`](Self::release)), and the lease is then free again.
+    pub(crate) fn held(&mut self) -> bool {
+        if matches!(self.state, LeaseState::Held | LeaseState::Nested) && !inline::holds(self.lend.rt) {
+            self.state = LeaseState::Free;
+        }
         matches!(self.state, LeaseState::Held | LeaseState::Nested)
     }
 
@@ -367,9 +372,15 @@ impl Lease<'_> {
 
     /// Put the reactor back (or withdraw the ask); `done`: the op this poll was for has its
     /// outcome (else its task parks, and the thread takes the reactor back at once).
+    ///
+    /// A nested lease (inside a hold a `block_on` keeps across its future's polls) whose op is
+    /// not done puts the reactor back too: its task is about to wait, and whatever polled it
+    /// may park this thread (another executor's `block_on` nested in ours), which would leave
+    /// the reactor unturned with the op's completion in it.
     pub(crate) fn release(&mut self, done: bool) {
         match std::mem::replace(&mut self.state, LeaseState::Free) {
             LeaseState::Held => {}
+            LeaseState::Nested if !done => {}
             LeaseState::Asked => {
                 self.lend.flags.want.store(false, Ordering::Relaxed);
                 return;
