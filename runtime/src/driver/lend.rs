@@ -332,6 +332,11 @@ impl Lease<'_> {
         matches!(self.state, LeaseState::Held | LeaseState::Nested)
     }
 
+    /// Does this lease sit in a hold of this thread's it did not take (a keeping `block_on`'s)?
+    pub(crate) fn is_nested(&self) -> bool {
+        self.state == LeaseState::Nested
+    }
+
     /// Hold the reactor if it is in the slot; where the thread has it and `ask`, ask for it
     /// (a later call may then find it). True while this thread holds it.
     pub(crate) fn hold(&mut self, ask: bool) -> bool {
@@ -373,8 +378,8 @@ impl Lease<'_> {
     /// Put the reactor back (or withdraw the ask); `done`: the op this poll was for has its
     /// outcome (else its task parks, and the thread takes the reactor back at once).
     ///
-    /// A nested lease (inside a hold a `block_on` keeps across its future's polls) whose op is
-    /// not done puts the reactor back too: its task is about to wait, and whatever polled it
+    /// A nested lease (inside a hold a `block_on` keeps across its future's polls) puts the
+    /// reactor back too where `done` is false: its op's poll says so when whatever polled it
     /// may park this thread (another executor's `block_on` nested in ours), which would leave
     /// the reactor unturned with the op's completion in it.
     pub(crate) fn release(&mut self, done: bool) {

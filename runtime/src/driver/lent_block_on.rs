@@ -14,14 +14,16 @@
 //!
 //! Ops polled meanwhile find it held on this thread and post and reap there, with their usual
 //! waker and spin: a release at any point leaves every pending op with a waker the reactor
-//! thread will wake. An op that is about to wait puts the reactor back all the same (see
-//! `Lease::release`): whatever polled it may park this thread (another executor's `block_on`
-//! nested in this one's future); this `block_on` takes it again at its next poll. Code the future runs between two awaits runs with the reactor held, as
+//! thread will wake. An op about to wait that another executor polled (its waker is not this
+//! `block_on`'s: another executor's `block_on` nested in the future may park this thread) puts
+//! the reactor back all the same (see `Lease::release`), and this `block_on` takes it again at
+//! its next poll; one this `block_on` polled leaves it here, turned until the wake. Code the future runs between two awaits runs with the reactor held, as
 //! under the inline driver, and what waits for that reactor meanwhile (another task's op, a
 //! peer's one-sided op that needs this side's progress on tcp or shm) waits that long. So a
 //! poll that ran [`LONG_POLL`] or more with the reactor held makes the next [`LONG_POLL_SKIP`]
 //! polls run without it (their ops take it and put it back each, as under tokio): a future that
 //! computes between awaits holds the reactor through one such stretch, not through each.
+use std::cell::RefCell;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -44,6 +46,33 @@ const LONG_POLL: Duration = Duration::from_millis(1);
 
 /// Polls of the future that run without the reactor after a long one.
 const LONG_POLL_SKIP: u32 = 64;
+
+thread_local! {
+    /// The runtime whose reactor this thread's keeping `block_on` may hold, and its future's
+    /// waker (see [`keeps_for`]).
+    static KEEPER: RefCell<Option<(u64, Waker)>> = const { RefCell::new(None) };
+}
+
+/// Is `cx` the waker of a keeping `block_on` of runtime `rt` on this thread? An op it polls
+/// that waits may leave the reactor held here: the `block_on` turns it until the wake.
+pub(crate) fn keeps_for(rt: u64, cx: &Context<'_>) -> bool {
+    KEEPER.with_borrow(|k| matches!(k, Some((id, w)) if *id == rt && cx.waker().will_wake(w)))
+}
+
+/// What a `block_on` found in [`KEEPER`], put back when it returns or unwinds (a nested one).
+struct Keeper(Option<(u64, Waker)>);
+
+impl Keeper {
+    fn enter(rt: u64, waker: Waker) -> Keeper {
+        Keeper(KEEPER.replace(Some((rt, waker))))
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        KEEPER.set(self.0.take());
+    }
+}
 
 /// The `block_on` thread's waker: raises its flag, and unparks the thread where the flag was
 /// down (it may be parked then).
@@ -80,6 +109,7 @@ pub(crate) fn block_on<F: Future>(lend: &Lend, rt: u64, idle_for: Duration, fut:
     let wakeup = Arc::new(Wakeup { woken: AtomicBool::new(true), thread: std::thread::current() });
     let waker = Waker::from(wakeup.clone());
     let mut cx = Context::from_waker(&waker);
+    let _keeper = Keeper::enter(rt, waker.clone());
     // Put back should anything here unwind.
     let mut lease = lend.lease();
     // When the future last did something (was polled, or a turn found work), looked at once per

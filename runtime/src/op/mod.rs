@@ -16,6 +16,7 @@ use crate::buf::IoBuf;
 use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline;
 use crate::driver::lend::{Lease, Lend, Standing};
+use crate::driver::lent_block_on;
 use crate::reactor::cell::OpCell;
 use crate::reactor::cmd::Draft;
 use crate::reactor::AtOnce;
@@ -309,9 +310,11 @@ impl<B: IoBuf> Op<B> {
                     None => {
                         // Yielding with the outcome kept (a long run of spun ops), the task is
                         // back at once: the reactor stays in the slot. Else it parks, and the
-                        // thread takes the reactor back now.
+                        // thread takes the reactor back now, unless a keeping `block_on` polled
+                        // this op itself and holds it (it turns it until the wake).
                         if let Some(l) = lease {
-                            l.release(cell.is_done());
+                            let kept = l.is_nested() && lent_block_on::keeps_for(*rt, cx);
+                            l.release(cell.is_done() || kept);
                         }
                         return Poll::Pending;
                     }

@@ -378,10 +378,10 @@ impl Runtime {
     /// them, giving it back to the reactor thread once the future has waited that spin's budget
     /// with nothing to do, when another task asks for it, and on return. Code the future runs
     /// between two awaits then runs with that reactor held, as under the inline driver; a poll
-    /// that ran 1 ms or more with it makes the next 64 run without it. A latency-class op about
-    /// to wait gives it back, so another executor's `block_on` of such an op, nested in the
-    /// future, still finishes; other ops do not: as under the inline driver, the future must not
-    /// block its thread waiting for them.
+    /// that ran 1 ms or more with it makes the next 64 run without it. A latency-class op that
+    /// another executor polls gives it back before it waits, so another executor's `block_on`
+    /// of such an op, nested in the future, still finishes; other ops do not: as under the
+    /// inline driver, the future must not block its thread waiting for them.
     pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
         match (&self.inner.inline, self.lend()) {
             (Some(slot), _) => inline::block_on(slot, self.inner.id, &self.inner.groups[0].idle, fut),
