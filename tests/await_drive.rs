@@ -182,17 +182,8 @@ fn a_block_on_that_keeps_the_lent_reactor_moves_every_byte_and_registers_memory_
         // once it has it. Every round registers fresh buffers (`alloc`), each a command the
         // reactor answers: while this thread holds that reactor, the wait for the answer turns
         // it (else the wait would never end).
-        let (tx, rx) = std::sync::mpsc::channel();
         let (a2, b2, p2) = (a.clone(), b.clone(), p.to_string());
-        std::thread::spawn(move || {
-            // The bootstrap connection is tokio's: its reactor runs on a worker of its own.
-            let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
-            let _io = io.as_ref().expect("tokio").enter();
-            a2.block_on(rounds(&a2, &b2, 200, &p2));
-            let _ = tx.send(());
-        });
-        rx.recv_timeout(Duration::from_secs(240))
-            .unwrap_or_else(|_| panic!("{p}: the block_on did not finish"));
+        on_a_thread_of_its_own(p, 240, move |_| a2.block_on(rounds(&a2, &b2, 200, &p2)));
         assert!(a.stats().task_holds > 0, "{p}: the reactor was lent");
         assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
     }
@@ -202,12 +193,8 @@ fn a_block_on_that_keeps_the_lent_reactor_moves_every_byte_and_registers_memory_
 fn a_receive_awaited_in_another_executor_inside_such_a_block_on_finishes_when_its_message_comes_late() {
     for p in providers() {
         let (a, b) = (runtime(p, true), runtime(p, true));
-        let (tx, rx) = std::sync::mpsc::channel();
         let (a2, b2, p2) = (a.clone(), b.clone(), p.to_string());
-        std::thread::spawn(move || {
-            let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
-            let io = io.expect("tokio");
-            let _io = io.enter();
+        on_a_thread_of_its_own(p, 120, move |io| {
             a2.block_on(async {
                 // Rounds first, so that this block_on has the reactor by now.
                 rounds(&a2, &b2, 50, &p2).await;
@@ -243,11 +230,24 @@ fn a_receive_awaited_in_another_executor_inside_such_a_block_on_finishes_when_it
                     assert_eq!(got[..], want[..], "{p2}: late message {i}");
                     futures::executor::block_on(late).expect("the late send ran");
                 }
-            });
-            let _ = tx.send(());
+            })
         });
-        rx.recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("{p}: the nested wait never ended"));
         assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
     }
+}
+
+/// Run `f` on a thread of its own (a `block_on` blocks it), with a tokio runtime entered for the
+/// bootstrap connections (its reactor runs on a worker of its own) and handed to `f`; fail if it
+/// has not returned within `secs`.
+fn on_a_thread_of_its_own(p: &str, secs: u64, f: impl FnOnce(&tokio::runtime::Runtime) + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
+        let io = io.expect("tokio");
+        let _io = io.enter();
+        f(&io);
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{p}: the block_on did not finish in time"));
 }

@@ -183,143 +183,145 @@ mod tests {
         fn notify(&self) {}
     }
 
-    #[test]
-    fn it_keeps_a_reactor_found_in_the_slot_across_polls_and_gives_it_back_once_idle_and_on_return() {
+    /// Run `f` on a lend of runtime `rt` whose reactor (a scripted one) waits in the slot, with
+    /// no lending thread; the reactor must be back in the slot when `f` returns.
+    fn with_lent(rt: u64, f: impl FnOnce(&Lend)) {
         let rig = rig(split_config(8), 1);
-        let rt = u64::MAX - 21;
         let lend = Lend::new(rt, rig.idle.clone(), Arc::new(Quiet), false);
         lend.put_for_test(Box::new(rig.r));
-        let mut polls = 0;
-        let held_in_polls = std::cell::Cell::new(0);
-        let out = block_on(
-            &lend,
-            rt,
-            Duration::from_millis(1),
-            std::future::poll_fn(|cx| {
-                polls += 1;
-                if inline::holds(rt) {
-                    held_in_polls.set(held_in_polls.get() + 1);
-                }
-                if polls < 3 {
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                Poll::Ready(polls)
-            }),
-        );
-        assert_eq!(out, 3);
-        assert_eq!(held_in_polls.get(), 3, "every poll ran with the reactor held");
-        assert!(!inline::holds(rt), "given back on return");
-        assert_eq!(lend.holds(), 1, "taken once, put back once");
+        f(&lend);
+        let r = lend.take_for_test().expect("back in the slot");
+        drop((r, rig.script, rig.told, rig.mem, rig.tx));
+    }
 
-        // Pending with nothing to do: the reactor goes back after the idle budget, and a wake
-        // from another thread still ends the wait.
-        let waker = std::sync::Mutex::new(None::<Waker>);
-        let t0 = Instant::now();
-        let back_while_waiting = std::thread::scope(|s| {
-            let waking = s.spawn(|| {
-                std::thread::sleep(Duration::from_millis(50));
-                let back = lend.holds();
-                let w = waker.lock().expect("not poisoned").take().expect("the future waits");
-                w.wake();
-                back
-            });
-            let mut first = true;
-            block_on(
-                &lend,
+    #[test]
+    fn it_keeps_a_reactor_found_in_the_slot_across_polls_and_gives_it_back_once_idle_and_on_return() {
+        let rt = u64::MAX - 21;
+        with_lent(rt, |lend| {
+            let mut polls = 0;
+            let held_in_polls = std::cell::Cell::new(0);
+            let out = block_on(
+                lend,
                 rt,
                 Duration::from_millis(1),
                 std::future::poll_fn(|cx| {
-                    if std::mem::take(&mut first) {
-                        *waker.lock().expect("not poisoned") = Some(cx.waker().clone());
+                    polls += 1;
+                    if inline::holds(rt) {
+                        held_in_polls.set(held_in_polls.get() + 1);
+                    }
+                    if polls < 3 {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(polls)
+                }),
+            );
+            assert_eq!(out, 3);
+            assert_eq!(held_in_polls.get(), 3, "every poll ran with the reactor held");
+            assert!(!inline::holds(rt), "given back on return");
+            assert_eq!(lend.holds(), 1, "taken once, put back once");
+
+            // Pending with nothing to do: the reactor goes back after the idle budget, and a wake
+            // from another thread still ends the wait.
+            let waker = std::sync::Mutex::new(None::<Waker>);
+            let t0 = Instant::now();
+            let back_while_waiting = std::thread::scope(|s| {
+                let waking = s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    let back = lend.holds();
+                    let w = waker.lock().expect("not poisoned").take().expect("the future waits");
+                    w.wake();
+                    back
+                });
+                let mut first = true;
+                block_on(
+                    lend,
+                    rt,
+                    Duration::from_millis(1),
+                    std::future::poll_fn(|cx| {
+                        if std::mem::take(&mut first) {
+                            *waker.lock().expect("not poisoned") = Some(cx.waker().clone());
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(())
+                    }),
+                );
+                waking.join().expect("the waking thread ends")
+            });
+            assert!(t0.elapsed() >= Duration::from_millis(50));
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            assert_eq!(back_while_waiting, 2, "given back once idle, before the wake");
+            assert_eq!(lend.holds(), 3, "taken again for the woken poll, given back on return");
+        });
+    }
+
+    #[test]
+    fn a_poll_that_computes_long_with_the_reactor_makes_the_next_ones_run_without_it() {
+        let rt = u64::MAX - 23;
+        with_lent(rt, |lend| {
+            let budget = Duration::from_millis(1);
+            // Which polls ran with the reactor held: the first computes for long.
+            let mut held = Vec::new();
+            block_on(
+                lend,
+                rt,
+                budget,
+                std::future::poll_fn(|cx| {
+                    held.push(inline::holds(rt));
+                    if held.len() == 1 {
+                        std::thread::sleep(LONG_POLL * 2);
+                    }
+                    if held.len() < LONG_POLL_SKIP as usize + 3 {
+                        cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
                     Poll::Ready(())
                 }),
             );
-            waking.join().expect("the waking thread ends")
+            let skipped = LONG_POLL_SKIP as usize;
+            assert!(held[0], "the first poll had it");
+            assert!(held[1..=skipped].iter().all(|h| !h), "the next {skipped} ran without it: {held:?}");
+            assert!(held[skipped + 1], "then it is kept again");
+            assert!(!inline::holds(rt));
         });
-        assert!(t0.elapsed() >= Duration::from_millis(50));
-        assert!(t0.elapsed() < Duration::from_secs(5));
-        assert_eq!(back_while_waiting, 2, "given back once idle, before the wake");
-        assert_eq!(lend.holds(), 3, "taken again for the woken poll, given back on return");
-        let r = lend.take_for_test().expect("back in the slot");
-        drop((r, rig.script, rig.told, rig.mem, rig.tx));
-    }
-
-    #[test]
-    fn a_poll_that_computes_long_with_the_reactor_makes_the_next_ones_run_without_it() {
-        let rig = rig(split_config(8), 1);
-        let rt = u64::MAX - 23;
-        let lend = Lend::new(rt, rig.idle.clone(), Arc::new(Quiet), false);
-        lend.put_for_test(Box::new(rig.r));
-        let budget = Duration::from_millis(1);
-        // Which polls ran with the reactor held: the first computes for long.
-        let mut held = Vec::new();
-        block_on(
-            &lend,
-            rt,
-            budget,
-            std::future::poll_fn(|cx| {
-                held.push(inline::holds(rt));
-                if held.len() == 1 {
-                    std::thread::sleep(LONG_POLL * 2);
-                }
-                if held.len() < LONG_POLL_SKIP as usize + 3 {
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                Poll::Ready(())
-            }),
-        );
-        let skipped = LONG_POLL_SKIP as usize;
-        assert!(held[0], "the first poll had it");
-        assert!(held[1..=skipped].iter().all(|h| !h), "the next {skipped} ran without it: {held:?}");
-        assert!(held[skipped + 1], "then it is kept again");
-        assert!(!inline::holds(rt));
-        let r = lend.take_for_test().expect("back in the slot");
-        drop((r, rig.script, rig.told, rig.mem, rig.tx));
     }
 
     #[test]
     fn it_leaves_the_reactor_to_a_task_that_asks() {
-        let rig = rig(split_config(8), 1);
         let rt = u64::MAX - 22;
-        let lend = Lend::new(rt, rig.idle.clone(), Arc::new(Quiet), false);
-        lend.put_for_test(Box::new(rig.r));
-        let asked = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let other = s.spawn(|| {
-                let t0 = Instant::now();
-                while !asked.load(Ordering::Acquire) {
-                    assert!(t0.elapsed() < Duration::from_secs(5), "the block_on holds it");
-                    std::thread::yield_now();
-                }
-                let mut lease = lend.lease();
-                while !lease.hold(true) {
-                    assert!(t0.elapsed() < Duration::from_secs(5), "the block_on lets it go");
-                    std::thread::yield_now();
-                }
-                lease.release(true);
+        with_lent(rt, |lend| {
+            let asked = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let other = s.spawn(|| {
+                    let t0 = Instant::now();
+                    while !asked.load(Ordering::Acquire) {
+                        assert!(t0.elapsed() < Duration::from_secs(5), "the block_on holds it");
+                        std::thread::yield_now();
+                    }
+                    let mut lease = lend.lease();
+                    while !lease.hold(true) {
+                        assert!(t0.elapsed() < Duration::from_secs(5), "the block_on lets it go");
+                        std::thread::yield_now();
+                    }
+                    lease.release(true);
+                });
+                block_on(
+                    lend,
+                    rt,
+                    Duration::from_secs(10),
+                    std::future::poll_fn(|cx| {
+                        if inline::holds(rt) {
+                            asked.store(true, Ordering::Release);
+                        }
+                        if other.is_finished() {
+                            return Poll::Ready(());
+                        }
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }),
+                );
             });
-            block_on(
-                &lend,
-                rt,
-                Duration::from_secs(10),
-                std::future::poll_fn(|cx| {
-                    if inline::holds(rt) {
-                        asked.store(true, Ordering::Release);
-                    }
-                    if other.is_finished() {
-                        return Poll::Ready(());
-                    }
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
-                }),
-            );
+            assert!(lend.holds() >= 2, "the block_on's and the task's holds went back");
         });
-        assert!(lend.holds() >= 2, "the block_on's and the task's holds went back");
-        let r = lend.take_for_test().expect("back in the slot");
-        drop((r, rig.script, rig.told, rig.mem, rig.tx));
     }
 }
