@@ -264,6 +264,7 @@ impl<B: IoBuf> Future for Op<B> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        lent_block_on::op_polled();
         // Every poll spends the budget, the first before submitting: an op that finishes as it
         // is posted (a small send the provider copies, now or at `start`) is never pending, so
         // the budget alone makes a loop of them yield to what it is joined with.

@@ -375,8 +375,9 @@ impl Runtime {
     /// drives the reactor, busy-polling. With [`Driver::Thread`] it parks until woken; where
     /// tasks spin for latency-class ops (see [`Builder::await_spin`](crate::Builder::await_spin)),
     /// it also keeps the reactor its ops hold through its future's polls and turns it between
-    /// them, giving it back to the reactor thread once the future has waited that spin's budget
-    /// with nothing to do, when another task asks for it, and on return. Code the future runs
+    /// them, giving it back to the reactor thread after a poll that polled no op, once the
+    /// future has waited that spin's budget with nothing to do, when another task asks for it,
+    /// and on return. Code the future runs
     /// between two awaits then runs with that reactor held, as under the inline driver; a poll
     /// that ran 1 ms or more with it makes the next 64 run without it. A latency-class op that
     /// another executor polls gives it back before it waits, so another executor's `block_on`
