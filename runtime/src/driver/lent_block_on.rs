@@ -6,7 +6,8 @@
 //! 20-45 ns each on the 16-core host).
 //!
 //! The reactor goes back to its thread (which then serves everyone as before) when:
-//! - a poll of the future polled no op (see [`op_polled`]);
+//! - a poll of the future polled no op (see [`op_polled`]); it stays with its thread then
+//!   until a poll polls one;
 //! - the future has been pending with nothing to do for the runtime's spin budget
 //!   (`Builder::await_spin`): this thread then parks until woken;
 //! - another task asks for it (they share it, as ops of two tasks do);
@@ -133,6 +134,10 @@ pub(crate) fn block_on<F: Future>(lend: &Lend, rt: u64, idle_for: Duration, fut:
     let mut turns = 0u32;
     // Polls left to run without the reactor, after a long one.
     let mut skip = 0u32;
+    // The last poll polled an op (else the reactor went back, and stays with its thread until
+    // a poll polls one again: taken back at once, it would go back and forth at each poll of a
+    // future that only watches memory, each time waking the thread).
+    let mut used_ops = true;
     loop {
         if wakeup.take() {
             // In the slot means a task of ours put it back lately: take it for the poll, unless
@@ -140,7 +145,7 @@ pub(crate) fn block_on<F: Future>(lend: &Lend, rt: u64, idle_for: Duration, fut:
             if skip > 0 {
                 skip -= 1;
                 lease.release(true);
-            } else if !lend.wanted() {
+            } else if used_ops && !lend.wanted() {
                 lease.hold(false);
             }
             let started = lease.held().then(Instant::now);
@@ -152,7 +157,8 @@ pub(crate) fn block_on<F: Future>(lend: &Lend, rt: u64, idle_for: Duration, fut:
             if started.is_some_and(|t| t.elapsed() >= LONG_POLL) {
                 skip = LONG_POLL_SKIP;
             }
-            if OP_POLLS.get() == ops && lease.held() {
+            used_ops = OP_POLLS.get() != ops;
+            if !used_ops && lease.held() {
                 // Waiting on something else: the reactor thread serves from here.
                 lease.release(false);
             }
@@ -310,24 +316,29 @@ mod tests {
     }
 
     #[test]
-    fn a_future_whose_poll_polled_no_op_gives_the_reactor_back_at_once() {
+    fn a_future_whose_poll_polled_no_op_gives_the_reactor_back_and_leaves_it_until_it_polls_one() {
         let rt = u64::MAX - 24;
         with_lent(rt, |lend| {
-            let mut polls = 0;
+            // Which polls ran with the reactor held: the third polls an op.
+            let mut held = Vec::new();
             block_on(
                 lend,
                 rt,
                 Duration::from_secs(10),
                 std::future::poll_fn(|cx| {
-                    polls += 1;
-                    if polls < 3 {
+                    held.push(inline::holds(rt));
+                    if held.len() == 3 {
+                        op_polled();
+                    }
+                    if held.len() < 4 {
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
                     Poll::Ready(())
                 }),
             );
-            assert_eq!(lend.holds(), 3, "taken for each poll, given back after each");
+            assert_eq!(held, [true, false, false, true], "back after a poll with no op, kept after one with");
+            assert_eq!(lend.holds(), 2, "given back after the first, and on return");
         });
     }
 
