@@ -343,6 +343,49 @@ mod tests {
     }
 
     #[test]
+    fn an_op_another_executor_polls_puts_a_kept_reactor_back_before_it_waits_and_one_of_ours_keeps_it() {
+        let rt = u64::MAX - 25;
+        with_lent(rt, |lend| {
+            // Which polls ran with the reactor held; in each, a pending op's poll as `Op::poll`
+            // makes it: a nested lease, let go of as the op waits.
+            let mut held = Vec::new();
+            block_on(
+                lend,
+                rt,
+                Duration::from_secs(10),
+                std::future::poll_fn(|cx| {
+                    op_polled();
+                    held.push(inline::holds(rt));
+                    let mut lease = lend.lease();
+                    match held.len() {
+                        1 => {
+                            // Polled with this block_on's waker: it turns the reactor until the wake.
+                            assert!(lease.hold(false) && lease.is_nested(), "inside the kept hold");
+                            assert!(keeps_for(rt, cx));
+                            lease.release(keeps_for(rt, cx));
+                            assert!(inline::holds(rt), "kept while our op waits");
+                        }
+                        2 => {
+                            // Polled by another executor nested here, which may park the thread.
+                            let other = Context::from_waker(Waker::noop());
+                            assert!(lease.hold(false) && lease.is_nested(), "inside the kept hold");
+                            assert!(!keeps_for(rt, &other));
+                            lease.release(keeps_for(rt, &other));
+                            assert!(!inline::holds(rt), "back in the slot before that op waits");
+                        }
+                        _ => return Poll::Ready(()),
+                    }
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }),
+            );
+            assert_eq!(held, [true, true, true], "taken again from the slot for the next poll");
+            assert_eq!(lend.holds(), 2, "put back by the nested op, and on return");
+            assert!(!inline::holds(rt));
+        });
+    }
+
+    #[test]
     fn it_leaves_the_reactor_to_a_task_that_asks() {
         let rt = u64::MAX - 22;
         with_lent(rt, |lend| {
