@@ -367,7 +367,8 @@ mod tests {
                         }
                         2 => {
                             // Polled by another executor nested here, which may park the thread.
-                            let other = Context::from_waker(Waker::noop());
+                            let noop = futures::task::noop_waker();
+                            let other = Context::from_waker(&noop);
                             assert!(lease.hold(false) && lease.is_nested(), "inside the kept hold");
                             assert!(!keeps_for(rt, &other));
                             lease.release(keeps_for(rt, &other));
