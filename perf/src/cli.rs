@@ -201,7 +201,8 @@ pub struct Common {
     #[arg(long, value_enum)]
     pub op: Option<LatOp>,
     /// lat, runtime engine: what runs the client's future (block-on, tokio-current,
-    /// tokio-multi).
+    /// tokio-multi) for send/recv and write-await; the write ping-pong and the server side
+    /// run under `Runtime::block_on`.
     #[arg(long, value_enum, default_value_t = Executor::BlockOn)]
     pub executor: Executor,
     /// bw, pages: where the buffers live on both sides: `host`, or `cuda` (device 0, in a

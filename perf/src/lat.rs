@@ -120,8 +120,9 @@ fn rt_side(
         LatOp::WriteAwait => return run_on(a.executor, rt, write_await_side(rt, ep, a, client, hist)),
         LatOp::Send => {}
     }
-    rt.block_on(async {
-        if client {
+    if client {
+        // The client's future runs on the executor asked for, as an application's would.
+        return run_on(a.executor, rt, async {
             pingpong(rt, ep, a.size, a.warmup, Duration::ZERO, &mut Progress::new(false, 0)).await?;
             let mut progress = Progress::new(!a.json, a.iters);
             let gap = Duration::from_micros(a.gap_us);
@@ -130,24 +131,26 @@ fn rt_side(
             if let Some(out) = hist.as_deref_mut() {
                 *out = h;
             }
-        } else {
-            // Two receives stay posted: the one for this ping and the one for the next. The
-            // buffer of each ping goes back out after the answer, off the round trip's path,
-            // yet long before the ping it is for can come (a round trip later).
-            let mut sbuf = rt.alloc(a.size)?;
-            let mut posted = std::collections::VecDeque::new();
-            for _ in 0..total.min(2) {
-                posted.push_back(ep.recv(rt.alloc(a.size)?).start());
-            }
-            for i in 0..total {
-                let (r, b) = posted.pop_front().expect("a receive is posted").await;
-                r?;
-                let (r, s) = ep.send(sbuf).await;
-                r?;
-                sbuf = s;
-                if i + 2 < total {
-                    posted.push_back(ep.recv(b).start());
-                }
+            Ok::<(), BoxErr>(())
+        });
+    }
+    rt.block_on(async {
+        // Two receives stay posted: the one for this ping and the one for the next. The
+        // buffer of each ping goes back out after the answer, off the round trip's path,
+        // yet long before the ping it is for can come (a round trip later).
+        let mut sbuf = rt.alloc(a.size)?;
+        let mut posted = std::collections::VecDeque::new();
+        for _ in 0..total.min(2) {
+            posted.push_back(ep.recv(rt.alloc(a.size)?).start());
+        }
+        for i in 0..total {
+            let (r, b) = posted.pop_front().expect("a receive is posted").await;
+            r?;
+            let (r, s) = ep.send(sbuf).await;
+            r?;
+            sbuf = s;
+            if i + 2 < total {
+                posted.push_back(ep.recv(b).start());
             }
         }
         Ok::<(), BoxErr>(())
