@@ -220,6 +220,32 @@ mod tests {
         drop((r, rig.script, rig.told, rig.mem, rig.tx));
     }
 
+    /// Run a future under `block_on` whose `n`th poll (from 1) runs `poll(cx, n)` and, unless
+    /// that says the future is done, wakes itself again; which of its polls began with the
+    /// reactor held on this thread.
+    fn held_in_polls(
+        lend: &Lend,
+        rt: u64,
+        idle_for: Duration,
+        mut poll: impl FnMut(&mut Context<'_>, usize) -> bool,
+    ) -> Vec<bool> {
+        let mut held = Vec::new();
+        block_on(
+            lend,
+            rt,
+            idle_for,
+            std::future::poll_fn(|cx| {
+                held.push(inline::holds(rt));
+                if poll(cx, held.len()) {
+                    return Poll::Ready(());
+                }
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }),
+        );
+        held
+    }
+
     #[test]
     fn it_keeps_a_reactor_found_in_the_slot_across_polls_and_gives_it_back_once_idle_and_on_return() {
         let rt = u64::MAX - 21;
@@ -289,24 +315,13 @@ mod tests {
         with_lent(rt, |lend| {
             let budget = Duration::from_millis(1);
             // Which polls ran with the reactor held: the first computes for long.
-            let mut held = Vec::new();
-            block_on(
-                lend,
-                rt,
-                budget,
-                std::future::poll_fn(|cx| {
-                    op_polled();
-                    held.push(inline::holds(rt));
-                    if held.len() == 1 {
-                        std::thread::sleep(LONG_POLL * 2);
-                    }
-                    if held.len() < LONG_POLL_SKIP as usize + 3 {
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(())
-                }),
-            );
+            let held = held_in_polls(lend, rt, budget, |_, n| {
+                op_polled();
+                if n == 1 {
+                    std::thread::sleep(LONG_POLL * 2);
+                }
+                n == LONG_POLL_SKIP as usize + 3
+            });
             let skipped = LONG_POLL_SKIP as usize;
             assert!(held[0], "the first poll had it");
             assert!(held[1..=skipped].iter().all(|h| !h), "the next {skipped} ran without it: {held:?}");
@@ -320,23 +335,12 @@ mod tests {
         let rt = u64::MAX - 24;
         with_lent(rt, |lend| {
             // Which polls ran with the reactor held: the third polls an op.
-            let mut held = Vec::new();
-            block_on(
-                lend,
-                rt,
-                Duration::from_secs(10),
-                std::future::poll_fn(|cx| {
-                    held.push(inline::holds(rt));
-                    if held.len() == 3 {
-                        op_polled();
-                    }
-                    if held.len() < 4 {
-                        cx.waker().wake_by_ref();
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(())
-                }),
-            );
+            let held = held_in_polls(lend, rt, Duration::from_secs(10), |_, n| {
+                if n == 3 {
+                    op_polled();
+                }
+                n == 4
+            });
             assert_eq!(held, [true, false, false, true], "back after a poll with no op, kept after one with");
             assert_eq!(lend.holds(), 2, "given back after the first, and on return");
         });
@@ -348,38 +352,30 @@ mod tests {
         with_lent(rt, |lend| {
             // Which polls ran with the reactor held; in each, a pending op's poll as `Op::poll`
             // makes it: a nested lease, let go of as the op waits.
-            let mut held = Vec::new();
-            block_on(
-                lend,
-                rt,
-                Duration::from_secs(10),
-                std::future::poll_fn(|cx| {
-                    op_polled();
-                    held.push(inline::holds(rt));
-                    let mut lease = lend.lease();
-                    match held.len() {
-                        1 => {
-                            // Polled with this block_on's waker: it turns the reactor until the wake.
-                            assert!(lease.hold(false) && lease.is_nested(), "inside the kept hold");
-                            assert!(keeps_for(rt, cx));
-                            lease.release(keeps_for(rt, cx));
-                            assert!(inline::holds(rt), "kept while our op waits");
-                        }
-                        2 => {
-                            // Polled by another executor nested here, which may park the thread.
-                            let noop = futures::task::noop_waker();
-                            let other = Context::from_waker(&noop);
-                            assert!(lease.hold(false) && lease.is_nested(), "inside the kept hold");
-                            assert!(!keeps_for(rt, &other));
-                            lease.release(keeps_for(rt, &other));
-                            assert!(!inline::holds(rt), "back in the slot before that op waits");
-                        }
-                        _ => return Poll::Ready(()),
+            let held = held_in_polls(lend, rt, Duration::from_secs(10), |cx, n| {
+                op_polled();
+                let mut lease = lend.lease();
+                match n {
+                    1 => {
+                        // Polled with this block_on's waker: it turns the reactor until the wake.
+                        assert!(lease.hold(false) && lease.is_nested(), "inside the kept hold");
+                        assert!(keeps_for(rt, cx));
+                        lease.release(keeps_for(rt, cx));
+                        assert!(inline::holds(rt), "kept while our op waits");
                     }
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
-                }),
-            );
+                    2 => {
+                        // Polled by another executor nested here, which may park the thread.
+                        let noop = futures::task::noop_waker();
+                        let other = Context::from_waker(&noop);
+                        assert!(lease.hold(false) && lease.is_nested(), "inside the kept hold");
+                        assert!(!keeps_for(rt, &other));
+                        lease.release(keeps_for(rt, &other));
+                        assert!(!inline::holds(rt), "back in the slot before that op waits");
+                    }
+                    _ => return true,
+                }
+                false
+            });
             assert_eq!(held, [true, true, true], "taken again from the slot for the next poll");
             assert_eq!(lend.holds(), 2, "put back by the nested op, and on return");
             assert!(!inline::holds(rt));
