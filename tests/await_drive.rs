@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use rdmalane::{Access, Runtime};
-use rdmalane_conformance::{bounded, drop_write_mid_flight, expose_to, filled, pair, providers};
+use rdmalane_conformance::{bounded, drop_write_mid_flight, expose_to, filled, pair, providers, watchdog};
 
 fn runtime(p: &str, drive: bool) -> Runtime {
     lending(p, drive, false)
@@ -182,8 +182,7 @@ fn a_block_on_that_keeps_the_lent_reactor_moves_every_byte_and_registers_memory_
         // once it has it. Every round registers fresh buffers (`alloc`), each a command the
         // reactor answers: while this thread holds that reactor, the wait for the answer turns
         // it (else the wait would never end).
-        let (a2, b2, p2) = (a.clone(), b.clone(), p.to_string());
-        on_a_thread_of_its_own(p, 240, move |_| a2.block_on(rounds(&a2, &b2, 200, &p2)));
+        with_tokio_entered(240, |_| a.block_on(rounds(&a, &b, 200, p)));
         assert!(a.stats().task_holds > 0, "{p}: the reactor was lent");
         assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
     }
@@ -193,18 +192,17 @@ fn a_block_on_that_keeps_the_lent_reactor_moves_every_byte_and_registers_memory_
 fn a_receive_awaited_in_another_executor_inside_such_a_block_on_finishes_when_its_message_comes_late() {
     for p in providers() {
         let (a, b) = (runtime(p, true), runtime(p, true));
-        let (a2, b2, p2) = (a.clone(), b.clone(), p.to_string());
-        on_a_thread_of_its_own(p, 120, move |io| {
-            a2.block_on(async {
+        with_tokio_entered(120, |io| {
+            a.block_on(async {
                 // Rounds first, so that this block_on has the reactor by now.
-                rounds(&a2, &b2, 50, &p2).await;
-                let (ab, ba) = pair(&a2, &b2).await;
+                rounds(&a, &b, 50, p).await;
+                let (ab, ba) = pair(&a, &b).await;
                 let ba = std::sync::Arc::new(ba);
                 for i in 0..3u64 {
                     // A send puts the reactor in the slot, and a yield right after has this
                     // block_on take it for its next poll, where the rest runs.
-                    let (_, ping) = filled(&a2, 16, i);
-                    let got = ba.recv(b2.alloc(16).expect("alloc")).start();
+                    let (_, ping) = filled(&a, 16, i);
+                    let got = ba.recv(b.alloc(16).expect("alloc")).start();
                     ab.send(ping).await.0.expect("send");
                     let mut yielded = false;
                     std::future::poll_fn(|cx| {
@@ -216,8 +214,8 @@ fn a_receive_awaited_in_another_executor_inside_such_a_block_on_finishes_when_it
                     })
                     .await;
                     got.await.0.expect("recv");
-                    let recv = ab.recv(a2.alloc(16).expect("alloc")).start();
-                    let (want, ping) = filled(&b2, 16, 9000 + i);
+                    let recv = ab.recv(a.alloc(16).expect("alloc")).start();
+                    let (want, ping) = filled(&b, 16, 9000 + i);
                     // The message comes 5 ms on, long after the receive's spin.
                     let ba = ba.clone();
                     let late = io.spawn(async move {
@@ -226,8 +224,8 @@ fn a_receive_awaited_in_another_executor_inside_such_a_block_on_finishes_when_it
                     });
                     // Another executor, nested: it parks this thread until the receive's waker.
                     let (n, got) = futures::executor::block_on(recv);
-                    assert_eq!(n.unwrap_or_else(|e| panic!("{p2}: late recv {i}: {e}")), 16);
-                    assert_eq!(got[..], want[..], "{p2}: late message {i}");
+                    assert_eq!(n.unwrap_or_else(|e| panic!("{p}: late recv {i}: {e}")), 16);
+                    assert_eq!(got[..], want[..], "{p}: late message {i}");
                     futures::executor::block_on(late).expect("the late send ran");
                 }
             })
@@ -236,18 +234,13 @@ fn a_receive_awaited_in_another_executor_inside_such_a_block_on_finishes_when_it
     }
 }
 
-/// Run `f` on a thread of its own (a `block_on` blocks it), with a tokio runtime entered for the
-/// bootstrap connections (its reactor runs on a worker of its own) and handed to `f`; fail if it
-/// has not returned within `secs`.
-fn on_a_thread_of_its_own(p: &str, secs: u64, f: impl FnOnce(&tokio::runtime::Runtime) + Send + 'static) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
-        let io = io.expect("tokio");
-        let _io = io.enter();
-        f(&io);
-        let _ = tx.send(());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("{p}: the block_on did not finish in time"));
+/// Run `f` with a tokio runtime entered for the bootstrap connections (its reactor runs on a
+/// worker of its own) and handed to `f`, under a watchdog of `secs`: a `Runtime::block_on` in
+/// `f` blocks this thread, so [`bounded`] cannot time it.
+fn with_tokio_entered(secs: u64, f: impl FnOnce(&tokio::runtime::Runtime)) {
+    let _guard = watchdog(secs);
+    let io = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
+    let io = io.expect("tokio");
+    let _io = io.enter();
+    f(&io);
 }
