@@ -10,7 +10,9 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
-    /// Ping-pong latency with send/recv (one-way: half the round trip).
+    /// Ping-pong latency with send/recv (one-way: half the round trip). With
+    /// `RDMALANE_PERF_PLACEMENT` set, each side also prints on stderr the CPU its threads ran
+    /// on last and its runtime's lend counts.
     Lat(Common),
     /// One-sided write bandwidth with a window of writes in flight.
     Bw(Common),

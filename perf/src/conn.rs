@@ -97,6 +97,20 @@ impl Drop for ServerChild {
     }
 }
 
+/// Each of this process's threads as `name@cpu`, the CPU it ran on last (from /proc).
+pub fn thread_cpus() -> String {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+        let name = head.split_once('(').map_or("?", |(_, n)| n);
+        // `processor` is field 39 of stat(5); here index 36 (fields after the name, from 3).
+        let cpu = rest.split_whitespace().nth(36).unwrap_or("?");
+        out.push(format!("{name}@{cpu}"));
+    }
+    out.join(",")
+}
+
 /// CPU seconds (user + system) this process has used, from /proc.
 pub fn cpu_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();

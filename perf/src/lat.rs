@@ -30,6 +30,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
                         let cpu = CpuMeter::start();
                         rt_side(&mut c, a, false, None)?;
                         done(cpu);
+                        report_placement("server", Some(&c.rt));
                         Ok(())
                     },
                 )
@@ -43,6 +44,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
                         let cpu = CpuMeter::start();
                         raw_side(&mut c, a, false, None)?;
                         done(cpu);
+                        report_placement("server", None);
                         Ok(())
                     },
                 )
@@ -65,6 +67,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
             let st = c.rt.stats();
             lend = [st.task_holds, st.task_asks, st.thread_retakes];
             kicks = st.kicks;
+            report_placement("client", Some(&c.rt));
             Ok(c.rt.provider().to_string())
         }
         Engine::Raw => {
@@ -72,6 +75,7 @@ pub fn run(a: &Common) -> Result<(), BoxErr> {
             let cpu = CpuMeter::start();
             raw_side(&mut c, a, true, Some(&mut hist))?;
             cpu_pct = cpu.pct();
+            report_placement("client", None);
             Ok(c.eng.caps().provider.clone())
         }
     })?;
@@ -452,6 +456,22 @@ fn spins_per_turn(a: &Common) -> usize {
     } else {
         256
     }
+}
+
+/// With `RDMALANE_PERF_PLACEMENT` set, one line on stderr per side after its run: the CPU each
+/// of its threads ran on last and the runtime's lend counts. Single process pairs of `lat` land
+/// on either side of a median as the OS places them; this says where each one landed.
+fn report_placement(side: &str, rt: Option<&Runtime>) {
+    if std::env::var_os("RDMALANE_PERF_PLACEMENT").is_none() {
+        return;
+    }
+    let lend = rt.map(|r| r.stats()).map_or(String::new(), |st| {
+        format!(
+            " holds={} asks={} retakes={} kicks={}",
+            st.task_holds, st.task_asks, st.thread_retakes, st.kicks
+        )
+    });
+    eprintln!("PLACEMENT {side}{lend} threads={}", crate::conn::thread_cpus());
 }
 
 /// `n` ping-pongs of `size` bytes; one-way latencies (half round trips) in ns. The receive for
