@@ -17,7 +17,7 @@ use crate::driver::handoff::{self, AwaitSpin};
 use crate::driver::inline;
 use crate::driver::lend::{Lease, Lend, Standing};
 use crate::driver::lent_block_on;
-use crate::reactor::cell::OpCell;
+use crate::reactor::cell::{OpCell, Polling};
 use crate::reactor::cmd::Draft;
 use crate::reactor::AtOnce;
 use crate::runtime::Runtime;
@@ -223,6 +223,8 @@ impl<B: IoBuf> Op<B> {
         if let Some(o) = cell.taken() {
             return Some(o);
         }
+        // A turn from here on completes the cell as its future's own poll (see `Polling`).
+        let _polling = Polling::enter(cell);
         // On the thread driving the reactor inline, reap here: a completion already in the
         // queue then resolves this poll instead of a wake-up and a second trip through the
         // caller's futures. (Not before the first look: a turn can cost a provider's progress

@@ -111,14 +111,72 @@ struct Rare {
 thread_local! {
     /// Cells of ops resolved on this thread, for the next ops: an op then allocates nothing.
     static FREE: RefCell<Vec<Arc<OpCell>>> = const { RefCell::new(Vec::new()) };
+    /// Cells kept with both references, the future's and the reactor's (see [`OpCell::pair`]).
+    static PAIRS: RefCell<Vec<(Arc<OpCell>, Arc<OpCell>)>> = const { RefCell::new(Vec::new()) };
+    /// The cell of the op whose future this thread is polling right now (its address; 0:
+    /// none), set by [`Polling`].
+    static POLLING: Cell<usize> = const { Cell::new(0) };
+    /// The reactor's reference to the cell of the op polled here, let go of by a turn inside
+    /// that poll (see [`OpCell::let_go`]): the future takes it back with its own.
+    static HANDED: RefCell<Option<Arc<OpCell>>> = const { RefCell::new(None) };
 }
 
-/// Cells kept per thread.
+/// Cells kept per thread, and pairs.
 const FREE_MAX: usize = 64;
+
+/// While it lives, this thread is polling the future of the op whose cell it names: a turn of
+/// the reactor inside that poll (an op that spins for its outcome turns the lent reactor
+/// itself) completes the cell with a plain store and hands the reactor's reference back
+/// instead of dropping it. Nothing else can write the cell's state meanwhile: the future,
+/// the only other party, is borrowed by that very poll. On a ping-pong's path that spares
+/// each receive three locked instructions: the reactor's clone, the outcome's read-modify-
+/// write and the release.
+pub(crate) struct Polling(usize);
+
+impl Polling {
+    pub(crate) fn enter(cell: &OpCell) -> Polling {
+        Polling(POLLING.replace(cell.addr()))
+    }
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        // The outer poll's, where a waker woken inside a turn polled another op here.
+        POLLING.set(self.0);
+    }
+}
 
 impl OpCell {
     pub(crate) fn new() -> Arc<OpCell> {
         FREE.try_with(|f| f.borrow_mut().pop()).ok().flatten().unwrap_or_else(|| OpCell::fresh(None))
+    }
+
+    /// A cell and a second reference to it: the reactor's and the future's. Taken from the
+    /// pairs an op polled here gave back whole (no reference count touched), else made.
+    pub(crate) fn pair() -> (Arc<OpCell>, Arc<OpCell>) {
+        PAIRS.try_with(|p| p.borrow_mut().pop()).ok().flatten().unwrap_or_else(|| {
+            let c = OpCell::new();
+            (c.clone(), c)
+        })
+    }
+
+    fn addr(&self) -> usize {
+        self as *const OpCell as usize
+    }
+
+    /// Is this the cell of the op this thread is polling now (see [`Polling`])?
+    fn polled_here(&self) -> bool {
+        POLLING.get() == self.addr()
+    }
+
+    /// The reactor is done with `cell` (its outcome recorded, or the op withdrawn). Inside
+    /// the poll of the op's own future on this thread, the reference goes to that future
+    /// (see [`Polling`]), else it is dropped.
+    pub(crate) fn let_go(cell: Arc<OpCell>) {
+        if cell.part.is_none() && cell.polled_here() && cell.is_done() {
+            // A reference another op's turn left behind (its poll ended otherwise) is dropped.
+            let _ = HANDED.try_with(|h| h.replace(Some(cell)));
+        }
     }
 
     fn fresh(part: Option<Part>) -> Arc<OpCell> {
@@ -165,6 +223,23 @@ impl OpCell {
     /// The op is over and its outcome taken: keep the cell for the next op on this thread, if
     /// nobody else holds it any more (else it is freed by the last holder, as usual).
     pub(crate) fn recycle(mut cell: Arc<OpCell>) {
+        if let Some(reactors) = OpCell::handed_back(&cell) {
+            // Both references in hand and no other (none is ever weak): kept as a pair, for an
+            // op that takes both again. Only a clean success, whose locks hold nothing.
+            let state = cell.state.load(Ordering::Relaxed);
+            if Arc::strong_count(&cell) == 2 && state & WAITING == 0 && state & OUTCOME != FAILED {
+                cell.state.store(0, Ordering::Relaxed);
+                let pair = (reactors, cell);
+                // (Past the limit, or as the thread ends, the pair is merely dropped.)
+                let _ = PAIRS.try_with(move |p| {
+                    let mut p = p.borrow_mut();
+                    if p.len() < FREE_MAX {
+                        p.push(pair);
+                    }
+                });
+                return;
+            }
+        }
         // No weak reference to a cell is ever made, so a count of one means nobody else holds
         // it; the fence orders this after the reactor's release of it. Checked this way, not
         // with `Arc::get_mut`, which costs an atomic read-modify-write.
@@ -193,6 +268,21 @@ impl OpCell {
                 f.push(cell);
             }
         });
+    }
+
+    /// The reactor's reference to `cell`, where it was handed to this thread's poll (see
+    /// [`let_go`](Self::let_go)); another cell's stays where it is.
+    fn handed_back(cell: &Arc<OpCell>) -> Option<Arc<OpCell>> {
+        HANDED
+            .try_with(|h| {
+                let mut h = h.borrow_mut();
+                match &*h {
+                    Some(r) if Arc::ptr_eq(r, cell) => h.take(),
+                    _ => None,
+                }
+            })
+            .ok()
+            .flatten()
     }
 
     fn rare(&self) -> std::sync::MutexGuard<'_, Rare> {
@@ -224,8 +314,15 @@ impl OpCell {
         };
         // Release: whoever sees the outcome sees the fields written before it. One read-modify-
         // write orders this against the future's registering: either it sees the outcome, or
-        // this sees how it waits.
-        let prev = self.state.fetch_or(state, Ordering::AcqRel);
+        // this sees how it waits. Inside the poll of the op's own future on this thread
+        // nothing registers meanwhile (see `Polling`): a plain store does.
+        let prev = if self.polled_here() {
+            let prev = self.state.load(Ordering::Relaxed);
+            self.state.store(prev | state, Ordering::Release);
+            prev
+        } else {
+            self.state.fetch_or(state, Ordering::AcqRel)
+        };
         debug_assert_eq!(prev & OUTCOME, 0, "an op completed twice");
         if prev & WAITING != 0 {
             let w = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -336,6 +433,80 @@ impl Part {
 mod tests {
     use super::*;
     use crate::base::error::OpKind;
+
+    fn ok(len: usize) -> Result<Done, Error> {
+        Ok(Done { len, imm: None })
+    }
+
+    #[test]
+    fn a_cell_completed_inside_its_own_poll_comes_back_whole_as_a_pair() {
+        let (reactors, mine) = OpCell::pair();
+        assert_eq!(Arc::strong_count(&mine), 2);
+        {
+            let _polling = Polling::enter(&mine);
+            reactors.complete(ok(16));
+            OpCell::let_go(reactors);
+        }
+        assert_eq!(mine.taken().map(|r| r.ok()), Some(Some(16)));
+        assert_eq!(Arc::strong_count(&mine), 2, "the reactor's reference waits in this thread");
+        let at = Arc::as_ptr(&mine);
+        OpCell::recycle(mine);
+        let (a, b) = OpCell::pair();
+        assert!(std::ptr::eq(Arc::as_ptr(&a), at) && Arc::ptr_eq(&a, &b), "the same cell, both references");
+        assert_eq!(Arc::strong_count(&a), 2);
+        assert!(!a.is_done(), "fresh for the next op");
+    }
+
+    #[test]
+    fn a_cell_completed_outside_its_poll_is_let_go_of_and_recycled_alone() {
+        let (reactors, mine) = OpCell::pair();
+        let other = OpCell::new();
+        {
+            // Another op's poll: this cell is not the one polled here.
+            let _polling = Polling::enter(&other);
+            reactors.complete(ok(8));
+            OpCell::let_go(reactors);
+        }
+        assert_eq!(Arc::strong_count(&mine), 1, "the reactor's reference is dropped");
+        assert_eq!(mine.taken().map(|r| r.ok()), Some(Some(8)));
+        let at = Arc::as_ptr(&mine);
+        OpCell::recycle(mine);
+        assert!(std::ptr::eq(Arc::as_ptr(&OpCell::new()), at), "kept as a single cell");
+    }
+
+    #[test]
+    fn a_waker_registered_in_an_earlier_poll_is_woken_by_a_completion_inside_the_next() {
+        struct Flag(std::sync::atomic::AtomicBool);
+        impl std::task::Wake for Flag {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let flag = Arc::new(Flag(std::sync::atomic::AtomicBool::new(false)));
+        let (reactors, mine) = OpCell::pair();
+        assert!(!mine.register(&Waker::from(flag.clone())));
+        {
+            let _polling = Polling::enter(&mine);
+            reactors.complete(ok(4));
+            OpCell::let_go(reactors);
+        }
+        assert!(flag.0.load(Ordering::SeqCst), "the registered waker is woken");
+        assert_eq!(mine.taken().map(|r| r.ok()), Some(Some(4)));
+        // Its lock held a waker: not kept as a pair, and the reactor's reference goes.
+        OpCell::recycle(mine);
+        assert!(HANDED.with_borrow(Option::is_none));
+    }
+
+    #[test]
+    fn polls_nested_in_a_turn_give_the_outer_poll_its_cell_back() {
+        let (outer, inner) = (OpCell::new(), OpCell::new());
+        let _o = Polling::enter(&outer);
+        {
+            let _i = Polling::enter(&inner);
+            assert!(inner.polled_here() && !outer.polled_here());
+        }
+        assert!(outer.polled_here());
+    }
 
     #[test]
     fn a_fanned_out_op_completes_with_its_last_part_and_names_the_whole_batch_piece() {

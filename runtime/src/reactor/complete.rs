@@ -193,6 +193,7 @@ impl Reactor {
                     Some(e) => Err(e),
                 };
                 self.settle(&f.cell, res);
+                OpCell::let_go(f.cell);
             }
         }
     }

@@ -112,9 +112,9 @@ impl Reactor {
                 AtOnce::Finished(Ok(seg.len))
             }
             Ok(Posted::Queued) => {
-                let cell = OpCell::new();
-                self.in_flight(InFlight { id, cell: cell.clone(), peer, op, chunk: None, seg, kind });
-                AtOnce::InFlight(cell)
+                let (cell, mine) = OpCell::pair();
+                self.in_flight(InFlight { id, cell, peer, op, chunk: None, seg, kind });
+                AtOnce::InFlight(mine)
             }
             Err(PostError::Again) => {
                 // A full provider queue (rare): the op waits in the direct queue, whole.
