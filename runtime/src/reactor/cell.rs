@@ -228,6 +228,8 @@ impl OpCell {
             // op that takes both again. Only a clean success, whose locks hold nothing.
             let state = cell.state.load(Ordering::Relaxed);
             if Arc::strong_count(&cell) == 2 && state & WAITING == 0 && state & OUTCOME != FAILED {
+                // As below: ordered after whatever other holder let go of it last.
+                std::sync::atomic::fence(Ordering::Acquire);
                 cell.state.store(0, Ordering::Relaxed);
                 let pair = (reactors, cell);
                 // (Past the limit, or as the thread ends, the pair is merely dropped.)
