@@ -124,6 +124,17 @@ thread_local! {
 /// Cells kept per thread, and pairs.
 const FREE_MAX: usize = 64;
 
+/// Put `item` in this thread's `pool` for the next op, up to [`FREE_MAX`] (past it, or as the
+/// thread ends, it is merely dropped).
+fn keep<T: 'static>(pool: &'static std::thread::LocalKey<RefCell<Vec<T>>>, item: T) {
+    let _ = pool.try_with(move |p| {
+        let mut p = p.borrow_mut();
+        if p.len() < FREE_MAX {
+            p.push(item);
+        }
+    });
+}
+
 /// While it lives, this thread is polling the future of the op whose cell it names: a turn of
 /// the reactor inside that poll (an op that spins for its outcome turns the lent reactor
 /// itself) completes the cell with a plain store and hands the reactor's reference back
@@ -226,20 +237,13 @@ impl OpCell {
         if let Some(reactors) = OpCell::handed_back(&cell) {
             // Both references in hand and no other (none is ever weak): kept as a pair, for an
             // op that takes both again. Only a clean success, whose locks hold nothing.
-            let state = cell.state.load(Ordering::Relaxed);
-            if Arc::strong_count(&cell) == 2 && state & WAITING == 0 && state & OUTCOME != FAILED {
+            if Arc::strong_count(&cell) == 2 {
                 // As below: ordered after whatever other holder let go of it last.
                 std::sync::atomic::fence(Ordering::Acquire);
-                cell.state.store(0, Ordering::Relaxed);
-                let pair = (reactors, cell);
-                // (Past the limit, or as the thread ends, the pair is merely dropped.)
-                let _ = PAIRS.try_with(move |p| {
-                    let mut p = p.borrow_mut();
-                    if p.len() < FREE_MAX {
-                        p.push(pair);
-                    }
-                });
-                return;
+                if cell.reset_if_clean() {
+                    keep(&PAIRS, (reactors, cell));
+                    return;
+                }
             }
         }
         // No weak reference to a cell is ever made, so a count of one means nobody else holds
@@ -249,11 +253,7 @@ impl OpCell {
             return;
         }
         std::sync::atomic::fence(Ordering::Acquire);
-        let state = cell.state.load(Ordering::Relaxed);
-        if state & WAITING == 0 && state & OUTCOME != FAILED {
-            // Succeeded without a waker: there is nothing in the locks to clear.
-            cell.state.store(0, Ordering::Relaxed);
-        } else {
+        if !cell.reset_if_clean() {
             let Some(c) = Arc::get_mut(&mut cell) else {
                 return;
             };
@@ -264,12 +264,18 @@ impl OpCell {
                 return;
             }
         }
-        let _ = FREE.try_with(|f| {
-            let mut f = f.borrow_mut();
-            if f.len() < FREE_MAX {
-                f.push(cell);
-            }
-        });
+        keep(&FREE, cell);
+    }
+
+    /// Clear the state of a cell that succeeded without a waker (nothing in its locks to
+    /// clear) for its next op; false, touching nothing, for any other.
+    fn reset_if_clean(&self) -> bool {
+        let state = self.state.load(Ordering::Relaxed);
+        let clean = state & WAITING == 0 && state & OUTCOME != FAILED;
+        if clean {
+            self.state.store(0, Ordering::Relaxed);
+        }
+        clean
     }
 
     /// The reactor's reference to `cell`, where it was handed to this thread's poll (see
