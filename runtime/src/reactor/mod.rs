@@ -224,6 +224,12 @@ impl Reactor {
         self.turn_once()
     }
 
+    /// Turns taken so far (wrapping).
+    #[cfg(test)]
+    pub(crate) fn turns(&self) -> u32 {
+        self.turns
+    }
+
     /// The time of this turn: the one passed in, else the clock's, read once per turn.
     pub(crate) fn now(&mut self) -> Instant {
         if !self.now_read {
