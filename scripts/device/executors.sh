@@ -8,7 +8,7 @@
 # Usage: scripts/device/executors.sh BIN
 cd "$(dirname "$0")/../.."
 B=$1; out=$(mktemp)
-p50() { timeout 60 "$@" --json 2>/dev/null | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["p50_us"])' 2>/dev/null || echo nan; }
+source scripts/device/lib.sh
 for rep in $(seq "${ROUNDS:-3}"); do for p in ${PROVIDERS:-shm tcp}; do
   L=(lat --provider "$p" --size 16 --iters 20000)
   echo "$p raw $(p50 "$B" "${L[@]}" --engine raw)" >>"$out"

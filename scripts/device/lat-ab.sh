@@ -8,7 +8,7 @@
 cd "$(dirname "$0")/../.."
 rounds=${ROUNDS:-3}
 out=$(mktemp)
-p50() { timeout 100 "$@" --json 2>/dev/null | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["p50_us"])' 2>/dev/null || echo nan; }
+source scripts/device/lib.sh
 for rep in $(seq "$rounds"); do
   for p in ${PROVIDERS:-shm tcp}; do
     L=(lat --provider $p --size 16 --iters 30000)

@@ -25,7 +25,7 @@ int main(int c, char **v) {
 C
 gcc -O2 -pthread -o "$spin" "$spin.c" || exit 1
 out=$(mktemp)
-p50() { timeout 100 "$@" --json 2>/dev/null | tail -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["p50_us"])' 2>/dev/null || echo nan; }
+source scripts/device/lib.sh
 beside() { # beside N CMD...: CMD's p50 with N spinners running
   local n=$1; shift
   "$spin" "$n" 20 & local sp=$!
