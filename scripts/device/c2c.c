@@ -1,8 +1,8 @@
 // On the device machine: how long a cache line takes to cross between two CPUs, for pairs of
 // this VM's vCPUs (rows from every fifth CPU to each other one), twice over. Two threads pinned
 // to the pair bounce one flag; the figure is half a round trip, in ns. What it shows there:
-// most pairs read 60-125 ns, a few 33-37 ns (hyperthreads of one host core, which the guest
-// does not see), and which pairs those are changes between the two passes.
+// most pairs read 60-125 ns, a few 33-46 ns (likely hyperthreads of one host core, which the
+// guest does not see), and which pairs those are changes between the two passes.
 // Usage: gcc -O2 -pthread -o /tmp/c2c scripts/device/c2c.c && /tmp/c2c $(nproc)
 #define _GNU_SOURCE
 #include <pthread.h>
