@@ -25,6 +25,9 @@ for line in open(sys.argv[1]):
 for p in dict.fromkeys(p for p, _ in runs):
     raw = runs[(p, "raw")]
     ok = [x for x in raw if not math.isnan(x)]
+    if not ok:
+        print(f"{p}: every raw engine run failed; no ratios")
+        continue
     print(f"{p} raw engine p50 median {st.median(ok):.3f} us, range {min(ok):.3f}-{max(ok):.3f}")
     for mode in ("raw-again", "thread", "inline"):
         r = [a / b for a, b in zip(runs[(p, mode)], raw) if not (math.isnan(a) or math.isnan(b))]
