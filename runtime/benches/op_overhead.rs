@@ -1,6 +1,8 @@
 //! The runtime's own cost per op, with the transport taken out: a null transport completes
 //! every request at once (sends inline, receives and writes on the next poll). What remains is
-//! the op cell, the reactor, the scheduler and the counters.
+//! the op cell, the reactor, the scheduler and the counters. A second null transport holds each
+//! completion back for a few polls, as a peer's answer keeps an awaited op waiting: there the
+//! thread driver's task spins on the lent reactor until it comes, the path a ping-pong takes.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +17,10 @@ struct Null {
     caps: Caps,
     lanes: usize,
     done: Vec<Completion>,
+    /// Polls that find nothing before the completions posted so far show.
+    late: u32,
+    /// Polls left before they do.
+    wait: u32,
 }
 
 struct Quiet;
@@ -46,11 +52,16 @@ impl Transport for Null {
             WrKind::Send { .. } => Ok(Posted::Completed),
             _ => {
                 self.done.push(Completion::Op { id: wr.id, len, imm: None, status: Ok(()) });
+                self.wait = self.late;
                 Ok(Posted::Queued)
             }
         }
     }
     fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> usize {
+        if self.wait > 0 {
+            self.wait -= 1;
+            return 0;
+        }
         let n = self.done.len().min(max);
         out.extend(self.done.drain(..n));
         n
@@ -63,7 +74,8 @@ impl Transport for Null {
     }
 }
 
-struct NullBackend;
+/// Null transports whose completions show after `.0` empty polls.
+struct NullBackend(u32);
 impl Backend for NullBackend {
     fn open(&self, _: &TransportConfig) -> rdmalane::Result<Box<dyn Transport>> {
         let caps = Caps {
@@ -80,7 +92,7 @@ impl Backend for NullBackend {
             rail_numa: vec![None],
             device: rdmalane::backend::DeviceRegistration::None,
         };
-        Ok(Box::new(Null { caps, lanes: 0, done: Vec::new() }))
+        Ok(Box::new(Null { caps, lanes: 0, done: Vec::new(), late: self.0, wait: 0 }))
     }
 }
 
@@ -148,7 +160,7 @@ impl Pair {
 
 fn bench(c: &mut Criterion) {
     let mut p =
-        Pair::open(|| Runtime::builder().backend(NullBackend).driver(Driver::Inline).build().unwrap());
+        Pair::open(|| Runtime::builder().backend(NullBackend(0)).driver(Driver::Inline).build().unwrap());
     let (a, ab, remote) = (&p.a, &p.ab, &p.remote);
     let buf = &mut p.buf;
     c.bench_function("send 16 B (inline completion)", |bn| {
@@ -180,14 +192,31 @@ fn bench(c: &mut Criterion) {
     // inline figures is the lend's hold and release around each op.
     let thread = || {
         Runtime::builder()
-            .backend(NullBackend)
+            .backend(NullBackend(0))
             .driver(Driver::Thread)
             .await_spin(Duration::from_micros(50))
             .build()
             .unwrap()
     };
     Pair::open(thread).loops(c, "thread driver");
+    // Completions that come LATE polls after the post: the inline driver parks the op and
+    // turns between polls of its future; the thread driver's op spins on the lent reactor.
+    let late = |driver| {
+        move || {
+            Runtime::builder()
+                .backend(NullBackend(LATE))
+                .driver(driver)
+                .await_spin(Duration::from_micros(50))
+                .build()
+                .unwrap()
+        }
+    };
+    Pair::open(late(Driver::Inline)).loops(c, "8 polls late, inline");
+    Pair::open(late(Driver::Thread)).loops(c, "8 polls late, thread driver");
 }
+
+/// Empty polls before a late completion shows.
+const LATE: u32 = 8;
 
 // criterion's macros generate undocumented public functions.
 #[allow(missing_docs)]
