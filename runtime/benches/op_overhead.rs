@@ -211,8 +211,8 @@ fn bench(c: &mut Criterion) {
                 .unwrap()
         }
     };
-    Pair::open(late(Driver::Inline)).loops(c, "8 polls late, inline");
-    Pair::open(late(Driver::Thread)).loops(c, "8 polls late, thread driver");
+    Pair::open(late(Driver::Inline)).loops(c, &format!("{LATE} polls late, inline"));
+    Pair::open(late(Driver::Thread)).loops(c, &format!("{LATE} polls late, thread driver"));
 }
 
 /// Empty polls before a late completion shows.
