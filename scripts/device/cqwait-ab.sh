@@ -16,24 +16,11 @@ round() { # NAME ARGS...: one round of the three
   echo "$name nowait $(RDMALANE_CQ_WAIT=0 p50 "$B" "$@" --driver thread)" >>"$out"
 }
 for rep in $(seq "${ROUNDS:-5}"); do
-  round lat lat --provider tcp --size 16 --iters 20000
-  round write-await lat --provider tcp --size 16 --iters 20000 --op write-await
+  round tcp-lat lat --provider tcp --size 16 --iters 20000
+  round tcp-write-await lat --provider tcp --size 16 --iters 20000 --op write-await
 done
 for rep in $(seq "${GAP_ROUNDS:-2}"); do
-  round lat-gap200 lat --provider tcp --size 16 --iters 2000 --gap-us 200
-  round write-await-gap200 lat --provider tcp --size 16 --iters 2000 --gap-us 200 --op write-await
+  round tcp-lat-gap200 lat --provider tcp --size 16 --iters 2000 --gap-us 200
+  round tcp-write-await-gap200 lat --provider tcp --size 16 --iters 2000 --gap-us 200 --op write-await
 done
-python3 - "$out" <<'PY'
-import collections, math, statistics as st, sys
-runs = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    name, who, v = line.split()
-    runs[(name, who)].append(float(v))
-for name in dict.fromkeys(n for n, _ in runs):
-    for who in ("wait", "nowait"):
-        r = [a / b for a, b in zip(runs[(name, who)], runs[(name, "raw")]) if not (math.isnan(a) or math.isnan(b))]
-        p = [x for x in runs[(name, who)] if not math.isnan(x)]
-        if r:
-            print(f"tcp {name:18s} {who:6s}: p50 median {st.median(p):.2f} us, over raw {st.median(r):.2f} "
-                  f"({min(r):.2f}-{max(r):.2f}) {' '.join(f'{x:.2f}' for x in r)}")
-PY
+python3 scripts/device/round-ratios.py "$out"
