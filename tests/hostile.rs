@@ -229,11 +229,8 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
             ];
             assert_eq!(got, expect.iter().map(|&(r, n)| (r.to_string(), n)).collect(), "phase 1");
             wait_rounds(3).await;
-            eprintln!(
-                "{p}: phase 1: {:?} after {} connects",
-                srv.usage(),
-                real.connects.load(Ordering::Relaxed)
-            );
+            let phase1 = srv.usage();
+            eprintln!("{p}: phase 1: {phase1:?} after {} connects", real.connects.load(Ordering::Relaxed));
 
             // 2. A silent socket and a hello one byte per second: the handshake limit ends both.
             let silent = TcpStream::connect(&addr).await.expect("connect");
@@ -259,12 +256,15 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
 
             // 3. A thousand connections at once, held open: at the cap the oldest stranger makes
             // room for the newcomer, so the real client still gets in.
-            eprintln!(
-                "{p}: phase 2: {:?} after {} connects",
-                srv.usage(),
-                real.connects.load(Ordering::Relaxed)
-            );
             let before = srv.usage();
+            eprintln!("{p}: phase 2: {before:?} after {} connects", real.connects.load(Ordering::Relaxed));
+            // The memory level to come back to: the highest seen before the flood. A tcp peer's
+            // connection holds some 17 MiB of the server's while it lasts, and glibc keeps what
+            // a gone one freed for the next: over 300 of the real client's reconnects alone the
+            // server's resident memory moved between 89 and 123 MiB with no upward drift, so a
+            // level read between two reconnects can sit a connection or two below the one after
+            // the flood (88.7 MiB before, 123.1 after, in a run on a loaded host).
+            let level = phase1.1.max(before.1);
             let connects = real.connects.load(Ordering::Relaxed);
             let flood: Vec<TcpStream> =
                 futures::future::join_all((0..FLOOD).map(|_| TcpStream::connect(&addr)))
@@ -295,13 +295,12 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
             stop.store(true, Ordering::Relaxed);
             client.await.expect("the real client");
             // Back to its level: the server's threads and descriptors (less the real client's
-            // last connection) exactly, its memory within SLACK_KIB. Descriptors are the
-            // precise check (a handshake left behind holds its socket); resident memory moves
-            // by 10-20 MiB on tcp with the real client's ~35 reconnects meanwhile (tcp;ofi_rxm's
-            // per-endpoint pools), while the flood's handshakes are a few KiB each.
-            let back = |now: (u64, u64, u64)| {
-                now.0 <= before.0 && now.1 <= before.1 + SLACK_KIB && now.2 <= before.2
-            };
+            // last connection) exactly, its memory within SLACK_KIB of its level. Descriptors
+            // are the precise check (a handshake left behind holds its socket); resident memory
+            // moves with the real client's reconnects meanwhile (tcp;ofi_rxm's per-endpoint
+            // pools, see `level`), while the flood's handshakes are a few KiB each.
+            let back =
+                |now: (u64, u64, u64)| now.0 <= before.0 && now.1 <= level + SLACK_KIB && now.2 <= before.2;
             let settle = Instant::now();
             let after = loop {
                 let now = srv.usage();
@@ -324,10 +323,10 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
                 before.2
             );
             assert!(
-                after.1 <= before.1 + SLACK_KIB,
-                "server RSS {} KiB after the flood, {} before",
+                after.1 <= level + SLACK_KIB,
+                "server RSS {} KiB after the flood, its level {} before",
                 after.1,
-                before.1
+                level
             );
             assert!(real.slowest_us.load(Ordering::Relaxed) < connect_bound().as_micros() as u64);
         });
