@@ -244,3 +244,51 @@ fn with_tokio_entered(secs: u64, f: impl FnOnce(&tokio::runtime::Runtime)) {
     let _io = io.enter();
     f(&io);
 }
+
+#[test]
+fn an_op_that_outlives_its_endpoint_and_runtime_fails_typed_and_in_time() {
+    // A shared buffer holds no handle on its runtime, so its op takes one of its own; with the
+    // endpoint and the runtime dropped before its first poll, that handle is the last. The op
+    // fails (its endpoint is closed, or the runtime stopped) and the runtime stops, promptly:
+    // where the poll holds the lent reactor, it lets go of the handle only after putting the
+    // reactor back, so the stop does not wait out its thread's wait for it.
+    for p in providers() {
+        for i in 0..20u64 {
+            let (a, b) = (runtime(p, true), runtime(p, true));
+            let took = bounded(60, async {
+                let (ab, ba) = pair(&a, &b).await;
+                // Spinning ops first, so that the reactor may sit in the slot for the next.
+                rounds_on(&a, &b, &ab, &ba, 20, p).await;
+                let shared = a.register_shared(bytes::Bytes::from(vec![i as u8; 4096])).expect("register");
+                let op = ab.send(shared).class(rdmalane::sched::Class::Latency);
+                drop(ab);
+                drop(a);
+                let t = std::time::Instant::now();
+                let (r, _) = op.await;
+                let took = t.elapsed();
+                match r {
+                    Err(rdmalane::Error::Shutdown { .. } | rdmalane::Error::PeerLost { .. }) => {}
+                    other => panic!("{p}: round {i}: want a stop or a lost peer, got {other:?}"),
+                }
+                took
+            });
+            assert!(took < Duration::from_millis(150), "{p}: round {i}: the last handle's op took {took:?}");
+        }
+    }
+}
+
+/// `n` 16 B ping-pongs over `ab` and `ba`.
+async fn rounds_on(
+    a: &Runtime,
+    b: &Runtime,
+    ab: &rdmalane::Endpoint,
+    ba: &rdmalane::Endpoint,
+    n: usize,
+    p: &str,
+) {
+    for i in 0..n {
+        let recv = ba.recv(b.alloc(16).expect("alloc")).start();
+        ab.send(a.alloc(16).expect("alloc")).await.0.unwrap_or_else(|e| panic!("{p}: ping {i}: {e}"));
+        recv.await.0.unwrap_or_else(|e| panic!("{p}: pong {i}: {e}"));
+    }
+}

@@ -364,7 +364,15 @@ impl Lease<'_> {
                 }
             };
         }
-        if ask && self.state == LeaseState::Free {
+        // `want` is one flag for every asking task, and the first to take the reactor lowers
+        // it: a task still asking raises it again, or the thread, once it took the reactor
+        // back, would never hear of it.
+        let asking = match self.state {
+            LeaseState::Free => true,
+            LeaseState::Asked => !self.lend.flags.want.load(Ordering::Relaxed),
+            _ => false,
+        };
+        if ask && asking {
             self.lend.flags.want.store(true, Ordering::SeqCst);
             self.lend.flags.asks.fetch_add(1, Ordering::Relaxed);
             if self.lend.idle.sleeping.load(Ordering::SeqCst) {
@@ -460,6 +468,32 @@ mod tests {
         drop(free);
         let reactor = lend.line.slot.take().expect("the reactor is back in the slot");
         drop((reactor, rig.script, rig.told, rig.mem, rig.tx));
+    }
+
+    #[test]
+    fn a_task_still_asking_asks_again_once_another_took_the_reactor_and_lowered_the_flag() {
+        use crate::reactor::tests::{rig, split_config};
+        let rig = rig(split_config(8), 1);
+        let rt = u64::MAX - 9;
+        let lend = Lend::new(rt, rig.idle.clone(), Arc::new(Quiet), false);
+        // The thread holds the reactor; two tasks ask for it.
+        let (mut a, mut b) = (lend.lease(), lend.lease());
+        assert!(!a.hold(true) && !b.hold(true));
+        assert!(lend.wanted());
+        assert_eq!(lend.asks(), 2);
+        // The thread lends it out; the first task takes it, lowering the flag, and puts it back.
+        lend.line.slot.store(Some(Box::new(rig.r)));
+        assert!(a.hold(true));
+        assert!(!lend.wanted());
+        a.release(true);
+        // The thread takes it back before the second task looks: that task asks again.
+        let r = lend.line.slot.take().expect("put back");
+        assert!(!b.hold(true));
+        assert!(lend.wanted(), "the task still asking raised the flag again");
+        assert_eq!(lend.asks(), 3);
+        b.release(true);
+        assert!(!lend.wanted(), "a withdrawn ask lowers it");
+        drop((r, rig.script, rig.told, rig.mem, rig.tx));
     }
 
     #[test]

@@ -115,11 +115,12 @@ impl<B: IoBuf> Op<B> {
     /// Hand the op to the reactor now, before it is awaited: how to pre-post a receive, or
     /// start a transfer while preparing the next. (Otherwise the first poll does this.)
     pub fn start(mut self) -> Self {
-        let standing = self.submit(false);
+        let (standing, own) = self.submit(false);
         match &self.inner {
             Inner::Pending(_, _, _, Some(lend)) => lend.lease_at(standing).release(true),
             _ => debug_assert!(standing.is_free(), "a hold goes on only in a pending op's lend"),
         }
+        drop(own);
         self
     }
 
@@ -143,15 +144,20 @@ impl<B: IoBuf> Op<B> {
     /// Hand an unsubmitted op to the reactor (`polled`: from `poll`, which may reap right
     /// after posting). A spinning op's task posts it itself where the reactor thread lends its
     /// reactor, holding it for that: where the op is then pending, the hold goes on in the
-    /// standing returned, for the op's own lease ([`Standing::FREE`] otherwise).
-    fn submit(&mut self, polled: bool) -> Standing {
+    /// standing returned, for the op's own lease ([`Standing::FREE`] otherwise). Also returned:
+    /// the op's own handle on its runtime where it still holds the reactor, for the caller to
+    /// let go of once the hold is put back. It may be the runtime's last (the endpoint and the
+    /// runtime dropped before the op's first poll): its drop stops the runtime, whose thread
+    /// then waits for the reactor this very thread holds.
+    fn submit(&mut self, polled: bool) -> (Standing, Option<Runtime>) {
+        const NOTHING: (Standing, Option<Runtime>) = (Standing::FREE, None);
         if !matches!(self.inner, Inner::Unsubmitted(..)) {
-            return Standing::FREE;
+            return NOTHING;
         }
         probe::mark(Stage::Submitted);
-        let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return Standing::FREE };
-        let Inner::Unsubmitted(own, draft) = &self.inner else { return Standing::FREE };
-        let Some(rt) = Self::runtime_of(own, &self.buf) else { return Standing::FREE };
+        let Some(seg) = self.buf.as_ref().map(IoBuf::seg) else { return NOTHING };
+        let Inner::Unsubmitted(own, draft) = &self.inner else { return NOTHING };
+        let Some(rt) = Self::runtime_of(own, &self.buf) else { return NOTHING };
         let spin = rt.await_spin_for(draft.class, seg.len);
         // Through the runtime's reference: an op that finishes as it is posted takes no clone.
         let lend = rt.lend().filter(|_| !spin.is_off());
@@ -172,21 +178,24 @@ impl<B: IoBuf> Op<B> {
                 }
                 drop(lease);
                 self.inner = Inner::Ready(Some(res));
-                Standing::FREE
+                NOTHING
             }
             Some(AtOnce::InFlight(cell)) => {
                 let (id, keep) = (rt.id(), lend.cloned());
                 let standing = lease.map_or(Standing::FREE, Lease::detach);
                 // Set before anything that could unwind: the drop then keeps the buffer for
                 // the NIC.
-                self.inner = Inner::Pending(id, cell, spin, keep);
-                standing
+                match std::mem::replace(&mut self.inner, Inner::Pending(id, cell, spin, keep)) {
+                    Inner::Unsubmitted(own, _) => (standing, own),
+                    _ => (standing, None),
+                }
             }
             None => {
                 let keep = lend.cloned();
                 let standing = lease.map_or(Standing::FREE, Lease::detach);
                 // Put back should the submission unwind.
                 let lease = keep.as_deref().map(|l| l.lease_at(standing));
+                let mut kept = None;
                 if let Inner::Unsubmitted(own, draft) = std::mem::replace(&mut self.inner, Inner::Ready(None))
                 {
                     // Pending before the reactor sees it: should anything in `submit` (another
@@ -199,10 +208,11 @@ impl<B: IoBuf> Op<B> {
                             rt.submit(draft.into_req(seg, cell), polled.then_some(&**mine));
                         }
                     }
+                    kept = own;
                 }
                 let standing = lease.map_or(Standing::FREE, Lease::detach);
                 self.keep_lend(keep);
-                standing
+                (standing, kept)
             }
         }
     }
@@ -276,13 +286,14 @@ impl<B: IoBuf> Future for Op<B> {
         }
         // The poll's hold on the lent reactor: taken by the submission or the spin, put back
         // when the poll returns (at once where its task parks, see `driver::lend`).
-        let standing = this.submit(true);
+        let (standing, own) = this.submit(true);
         let lend = this.take_lend();
         debug_assert!(lend.is_some() || standing.is_free(), "a hold goes on only in a pending op's lend");
         let mut lease = lend.as_deref().map(|l| l.lease_at(standing));
         let out = this.poll_held(lease.as_mut(), cx);
         drop(lease);
         this.keep_lend(lend);
+        drop(own);
         // The outcome was two words up to here (an error boxed): the result is written once,
         // into the caller's slot.
         match out {
