@@ -3,9 +3,11 @@
 //! bytes it writes; meanwhile hostile connections arrive: empty, zeros, random bytes, a valid
 //! prefix then garbage, an oversized length, the wrong version, the wrong secret, no secret, a
 //! silent socket held open, a hello sent one byte per second, and 1,000 connections opened at
-//! once. Every real connect completes within the bound (1 s; `RDMALANE_TEST_CONNECT_BOUND_MS`
-//! under emulation), every refusal is counted by its reason, and the server's threads and memory
-//! return to their level after the flood.
+//! once; and, in a test of its own, more whole hellos than the server has handshake slots,
+//! each followed by silence (a hello asks for nothing secret). Every real connect completes
+//! within the bound (1 s; `RDMALANE_TEST_CONNECT_BOUND_MS` under emulation), every refusal is
+//! counted by its reason, and the server's threads and memory return to their level after the
+//! flood.
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::process::{Child, Command};
@@ -327,6 +329,72 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
                 "server RSS {} KiB after the flood, its level {} before",
                 after.1,
                 level
+            );
+            assert!(real.slowest_us.load(Ordering::Relaxed) < connect_bound().as_micros() as u64);
+        });
+    }
+}
+
+/// A whole hello for `provider` that asks for the shared secret, with one lane address.
+fn whole_hello(provider: &str) -> Vec<u8> {
+    let mut v = hello_head(provider, rdmalane::PROTOCOL_VERSION);
+    v.push(1);
+    v.extend_from_slice(&16u16.to_le_bytes());
+    v.extend_from_slice(&[7u8; 16]);
+    v
+}
+
+/// Hellos need nothing secret. Connections that each send a whole one and then fall silent,
+/// more of them than the server has handshake slots, must not lock a real client out: at the
+/// cap a newcomer takes the place of the oldest of them once no stranger is left to evict.
+#[test]
+fn hellos_without_their_proofs_do_not_hold_the_slots() {
+    const HELLOS: usize = 320;
+    let _ = rlimit::increase_nofile_limit(8192);
+    for p in providers() {
+        bounded(240, async {
+            let mut srv = Server::spawn(p);
+            let provider = builder(p).build().expect("runtime").provider().to_string();
+            let real_rt = builder(p).secret(SECRET).build().expect("runtime");
+            let stop = Arc::new(AtomicBool::new(false));
+            let real = Arc::new(Real::default());
+            let client = tokio::spawn(real_client(real_rt, srv.addr.clone(), stop.clone(), real.clone()));
+            let addr = srv.addr.clone();
+            while real.rounds.load(Ordering::Relaxed) < 3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let connects = real.connects.load(Ordering::Relaxed);
+            let hello = whole_hello(&provider);
+            let held: Vec<TcpStream> = futures::future::join_all((0..HELLOS).map(|_| {
+                let (addr, hello) = (addr.clone(), hello.clone());
+                async move {
+                    let mut s = TcpStream::connect(&addr).await.expect("connect");
+                    s.write_all(&hello).await.expect("a hello");
+                    s
+                }
+            }))
+            .await;
+            let start = Instant::now();
+            while real.connects.load(Ordering::Relaxed) < connects + 3 {
+                assert!(!client.is_finished(), "{p}: the real client failed behind the hellos");
+                assert!(
+                    start.elapsed() < 4 * connect_bound(),
+                    "{p}: the real client stalled behind the hellos"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // Every silent hello ends refused: evicted at the cap, or at the handshake limit.
+            let got = srv.refusals(HELLOS, Duration::from_secs(60));
+            drop(held);
+            let over_cap = got.get("over_cap").copied().unwrap_or(0);
+            let timeout = got.get("timeout").copied().unwrap_or(0);
+            assert_eq!(over_cap + timeout, HELLOS as u64, "{p}: {got:?}");
+            stop.store(true, Ordering::Relaxed);
+            client.await.expect("the real client");
+            eprintln!(
+                "{p}: {} connects, slowest {} us; the hellos: {got:?}",
+                real.connects.load(Ordering::Relaxed),
+                real.slowest_us.load(Ordering::Relaxed)
             );
             assert!(real.slowest_us.load(Ordering::Relaxed) < connect_bound().as_micros() as u64);
         });

@@ -33,34 +33,58 @@ impl From<Failure> for DriveError {
     }
 }
 
-/// How far a handshake has come, as a listener choosing whom to evict sees it: a stranger that
-/// had its turn, found nothing to read and has sent no whole hello may go; one whose bytes are
-/// waiting to be read, or whose hello is in, stays.
+/// How far a handshake has come, as a listener choosing whom to evict sees it. One waiting on
+/// an empty socket may go while the peer has shown nothing that cost it a secret: first a
+/// stranger (no whole hello), then a peer whose hello is in but whose proof of the shared
+/// secret is not (a hello asks for nothing secret, so a flood of them must not hold the slots
+/// either). One whose bytes are waiting to be read, or that is trusted, stays.
 #[derive(Debug, Default)]
 pub(super) struct Progress(AtomicU8);
 
+/// Which connections a listener at its cap evicts first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Evict {
+    /// No whole hello yet.
+    Stranger,
+    /// A hello, and no proof of the shared secret yet.
+    Unproven,
+}
+
 impl Progress {
-    const BUSY: u8 = 0;
+    /// Waiting on an empty socket (else busy).
     const IDLE: u8 = 1;
-    const KNOWN: u8 = 2;
+    /// Its hello is in, its proof not.
+    const HELLO: u8 = 2;
+    /// Trusted, or over: never evicted.
+    const KNOWN: u8 = 4;
 
     fn idle(&self) {
-        let _ = self.0.compare_exchange(Self::BUSY, Self::IDLE, Ordering::Relaxed, Ordering::Relaxed);
+        self.0.fetch_or(Self::IDLE, Ordering::Relaxed);
     }
 
     fn busy(&self) {
-        let _ = self.0.compare_exchange(Self::IDLE, Self::BUSY, Ordering::Relaxed, Ordering::Relaxed);
+        self.0.fetch_and(!Self::IDLE, Ordering::Relaxed);
     }
 
-    /// The peer's hello is in, or the handshake is over (a listener must not evict it while
-    /// its outcome is on the way): no stranger to evict any more.
+    /// The peer's hello is in, and what it proves is not checked yet.
+    fn hello_in(&self) {
+        self.0.fetch_or(Self::HELLO, Ordering::Relaxed);
+    }
+
+    /// The peer is trusted, or the handshake is over (a listener must not evict it while its
+    /// outcome is on the way): not to be evicted any more.
     pub(super) fn known(&self) {
         self.0.store(Self::KNOWN, Ordering::Relaxed);
     }
 
-    /// Waiting on an empty socket without a whole hello.
-    pub(super) fn evictable(&self) -> bool {
-        self.0.load(Ordering::Relaxed) == Self::IDLE
+    /// Whether a listener at its cap may evict it, and in which turn.
+    pub(super) fn evictable(&self) -> Option<Evict> {
+        let v = self.0.load(Ordering::Relaxed);
+        match (v & Self::KNOWN != 0, v & Self::IDLE != 0, v & Self::HELLO != 0) {
+            (false, true, false) => Some(Evict::Stranger),
+            (false, true, true) => Some(Evict::Unproven),
+            _ => None,
+        }
     }
 }
 
@@ -159,8 +183,12 @@ pub(super) async fn drive(
             Next::Read(max) => {
                 let n = read(&s, &mut buf[..max.min(MAX_NAME)], progress).await?;
                 hs.received(&buf[..n]);
-                if let (Some(p), true) = (progress, hs.has_hello()) {
-                    p.known();
+                if let Some(p) = progress {
+                    if hs.is_trusted() {
+                        p.known();
+                    } else if hs.has_hello() {
+                        p.hello_in();
+                    }
                 }
             }
             Next::OpenLanes(n) => {
@@ -207,5 +235,29 @@ async fn read(s: &TcpStream, buf: &mut [u8], progress: Option<&Progress>) -> Res
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(io_failure("reading", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handshake_is_evictable_while_idle_and_untrusted_strangers_first() {
+        let p = Progress::default();
+        assert_eq!(p.evictable(), None, "busy at first");
+        p.idle();
+        assert_eq!(p.evictable(), Some(Evict::Stranger));
+        p.busy();
+        assert_eq!(p.evictable(), None, "its bytes are being read");
+        p.hello_in();
+        assert_eq!(p.evictable(), None);
+        p.idle();
+        assert_eq!(p.evictable(), Some(Evict::Unproven));
+        assert!(Evict::Stranger < Evict::Unproven, "strangers go first");
+        p.known();
+        assert_eq!(p.evictable(), None);
+        p.idle();
+        assert_eq!(p.evictable(), None, "a trusted peer waiting stays");
     }
 }

@@ -6,10 +6,14 @@
 //! The exchange, on the wire (protocol version [`PROTOCOL_VERSION`](crate::PROTOCOL_VERSION)):
 //! 1. the connector opens its lanes and sends its hello;
 //! 2. the acceptor reads it and checks what it can before spending anything: version, provider,
-//!    id, and that both sides agree on a shared secret; then it opens as many lanes and answers
-//!    with its own hello;
-//! 3. with a secret, each side sends an HMAC over both nonces and its id, and checks the other's;
-//! 4. each side adds the peer (connecting lane i to lane i), sends the ready mark and waits for
+//!    id, and that both sides agree on a shared secret;
+//! 3. with a secret, the acceptor challenges the connector before it spends anything on it (a
+//!    hello asks for nothing secret): its nonce, its id and its HMAC over both nonces and its
+//!    id. The connector answers with its own HMAC, then checks the acceptor's; the acceptor
+//!    checks the connector's;
+//! 4. the acceptor, the connector proven (or no secret set), opens as many lanes and answers
+//!    with its own hello, whose nonce and id are the challenge's;
+//! 5. each side adds the peer (connecting lane i to lane i), sends the ready mark and waits for
 //!    the other's: after it, the socket is the control connection.
 //!
 //! Driving it, in order: [`transmit`](Handshake::transmit) whatever is queued, then act on
@@ -66,8 +70,12 @@ enum State {
     Hello(HelloReader),
     /// (Acceptor) the peer's hello is good; waiting for our lanes.
     OpenLanes,
-    /// Reading the peer's proof of the shared secret.
+    /// (Acceptor) reading the connector's proof of the shared secret.
     Proof {
+        got: Vec<u8>,
+    },
+    /// (Connector, with a secret) reading the acceptor's challenge: its nonce, id and proof.
+    Challenge {
         got: Vec<u8>,
     },
     /// Waiting for the driver to add the peer.
@@ -88,7 +96,12 @@ pub(crate) struct Handshake {
     state: State,
     out: Vec<u8>,
     them: Option<Hello>,
+    /// (Connector) the nonce and id of the acceptor's challenge, which its hello must carry.
+    challenger: Option<([u8; 32], u64)>,
 }
+
+/// The acceptor's challenge: its nonce, its id and its proof.
+const CHALLENGE: usize = 32 + 8 + 32;
 
 impl Handshake {
     /// The connector, whose lanes are open: its hello goes out first.
@@ -97,11 +110,15 @@ impl Handshake {
         let out = hello_of(&local, names).encode();
         Handshake {
             role: Role::Connect,
+            state: match local.secret {
+                Some(_) => State::Challenge { got: Vec::with_capacity(CHALLENGE) },
+                None => State::Hello(HelloReader::default()),
+            },
             local,
             lanes,
-            state: State::Hello(HelloReader::default()),
             out,
             them: None,
+            challenger: None,
         }
     }
 
@@ -114,6 +131,7 @@ impl Handshake {
             state: State::Hello(HelloReader::default()),
             out: Vec::new(),
             them: None,
+            challenger: None,
         }
     }
 
@@ -128,6 +146,7 @@ impl Handshake {
             State::Hello(r) => Next::Read(r.wants()),
             State::OpenLanes => Next::OpenLanes(self.them.as_ref().map_or(0, |h| h.names.len())),
             State::Proof { got } => Next::Read(32 - got.len()),
+            State::Challenge { got } => Next::Read(CHALLENGE - got.len()),
             State::AddPeer => Next::AddPeer,
             State::Ready => Next::Read(1),
             State::Done => Next::Done,
@@ -135,10 +154,18 @@ impl Handshake {
         })
     }
 
-    /// The peer's hello has arrived whole (a listener stops counting the connection as a
-    /// stranger's from here on).
+    /// The peer's hello has arrived whole (a listener evicts the connection after the
+    /// strangers' from here on, until the peer is trusted).
     pub(crate) fn has_hello(&self) -> bool {
         self.them.is_some()
+    }
+
+    /// The peer has shown all this side can check before spending anything on it: its hello
+    /// is in and, with a shared secret, its proof of it too. (Until then a listener may evict
+    /// it, after the strangers: a hello asks for nothing secret.)
+    pub(crate) fn is_trusted(&self) -> bool {
+        self.them.is_some()
+            && matches!(self.state, State::OpenLanes | State::AddPeer | State::Ready | State::Done)
     }
 
     /// The peer's hello, once it has arrived.
@@ -159,6 +186,7 @@ impl Handshake {
                 State::Hello(r) if r.taken() == 0 => "before sending anything".to_string(),
                 State::Hello(r) => format!("after {} bytes of its hello", r.taken()),
                 State::Proof { .. } => "during the proof of the shared secret".into(),
+                State::Challenge { .. } => "before its challenge was whole".into(),
                 State::Ready => "before the ready mark".into(),
                 _ => return Ok(()),
             };
@@ -170,8 +198,8 @@ impl Handshake {
                 self.check(&h)?;
                 self.them = Some(h);
                 match self.role {
-                    Role::Accept => self.state = State::OpenLanes,
-                    Role::Connect => self.prove_or_add(),
+                    Role::Accept => self.challenge_or_open(),
+                    Role::Connect => self.state = State::AddPeer,
                 }
             }
             State::Proof { got } => {
@@ -180,7 +208,16 @@ impl Handshake {
                 if got.len() == 32 {
                     let theirs = std::mem::take(got);
                     self.verify(&theirs)?;
-                    self.state = State::AddPeer;
+                    self.state = State::OpenLanes;
+                }
+            }
+            State::Challenge { got } => {
+                let n = bytes.len().min(CHALLENGE - got.len());
+                got.extend_from_slice(&bytes[..n]);
+                if got.len() == CHALLENGE {
+                    let c = std::mem::take(got);
+                    self.answer(&c)?;
+                    self.state = State::Hello(HelloReader::default());
                 }
             }
             State::Ready => {
@@ -203,7 +240,7 @@ impl Handshake {
         }
         self.lanes = names.len();
         self.out.extend_from_slice(&hello_of(&self.local, names).encode());
-        self.prove_or_add();
+        self.state = State::AddPeer;
     }
 
     /// The peer is added: send the ready mark and wait for the peer's.
@@ -229,6 +266,11 @@ impl Handshake {
         if self.role == Role::Connect && h.names.len() != self.lanes {
             return mismatch(format!("peer answered with {} lanes for {}", h.names.len(), self.lanes));
         }
+        if let Some((nonce, id)) = self.challenger {
+            if h.nonce != nonce || h.id != id {
+                return Err(Failure::new(RefusalReason::BadHello, "the hello is not the challenger's"));
+            }
+        }
         let missing = |why: &str| Err(Failure::new(RefusalReason::MissingSecret, why.to_string()));
         match (&self.local.secret, h.auth) {
             (Some(_), false) => missing("this runtime requires a shared secret; the peer has none"),
@@ -237,15 +279,36 @@ impl Handshake {
         }
     }
 
-    /// With a secret, send our proof and wait for theirs; without, go straight to adding.
-    fn prove_or_add(&mut self) {
+    /// (Acceptor) the peer's hello is good. With a secret, challenge it before spending
+    /// anything on it; without, open the lanes.
+    fn challenge_or_open(&mut self) {
         let them = self.them.as_ref().expect("the peer's hello is in");
         match &self.local.secret {
             Some(secret) => {
+                self.out.extend_from_slice(&self.local.nonce);
+                self.out.extend_from_slice(&self.local.id.to_le_bytes());
                 self.out.extend_from_slice(&prove(secret, &them.nonce, &self.local.nonce, self.local.id));
                 self.state = State::Proof { got: Vec::with_capacity(32) };
             }
-            None => self.state = State::AddPeer,
+            None => self.state = State::OpenLanes,
+        }
+    }
+
+    /// (Connector) the acceptor's challenge `c` is in: answer it with our proof, then check its
+    /// own (ours goes out either way, so that an acceptor with another secret sees why too).
+    fn answer(&mut self, c: &[u8]) -> Result<(), Failure> {
+        let Some(secret) = self.local.secret.clone() else {
+            return Err(Failure::new(RefusalReason::BadHello, "a challenge without a secret"));
+        };
+        let nonce: [u8; 32] = c[..32].try_into().expect("32 bytes");
+        let id = u64::from_le_bytes(c[32..40].try_into().expect("8 bytes"));
+        self.out.extend_from_slice(&prove(&secret, &nonce, &self.local.nonce, self.local.id));
+        self.challenger = Some((nonce, id));
+        let expected = prove(&secret, &self.local.nonce, &nonce, id);
+        if bool::from(subtle::ConstantTimeEq::ct_eq(&c[40..], &expected[..])) {
+            Ok(())
+        } else {
+            Err(Failure::new(RefusalReason::WrongSecret, "the peer does not know the shared secret"))
         }
     }
 
@@ -289,7 +352,7 @@ fn prove(secret: &[u8], their_nonce: &[u8; 32], my_nonce: &[u8; 32], my_id: u64)
 /// Drive an acceptor with a stranger's bytes, cut into reads as `cuts` says, answering every
 /// request at once: what the fuzz target runs. Checks what must hold whatever the bytes: no
 /// read asks for more than a field's limit, the acceptor never sends more than its hello, a
-/// proof and the ready mark, and it never finishes without the bytes of a whole handshake.
+/// challenge and the ready mark, and it never finishes without the bytes of a whole handshake.
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn drive_acceptor_with(bytes: &[u8], cuts: &[u8], secret: Option<&[u8]>) -> Result<(), Failure> {
     const PROVIDER: &str = "tcp;ofi_rxm";
@@ -309,7 +372,7 @@ pub(crate) fn drive_acceptor_with(bytes: &[u8], cuts: &[u8], secret: Option<&[u8
     let mut sent = 0usize;
     loop {
         sent += hs.transmit().map_or(0, |o| o.len());
-        assert!(sent <= 2 + 64 * (2 + 16) + 64 + 48 + 32 + 1, "the acceptor sent {sent} bytes");
+        assert!(sent <= 2 + 64 * (2 + 16) + 64 + 48 + CHALLENGE + 1, "the acceptor sent {sent} bytes");
         match hs.next()? {
             Next::Read(max) => {
                 assert!((1..=super::hello::MAX_NAME).contains(&max), "a read of {max} bytes");
@@ -349,12 +412,15 @@ mod tests {
         }
     }
 
-    /// Run both sides against each other in memory, in pieces of `piece` bytes; returns how
-    /// each ended.
+    /// Run both sides against each other in memory, in pieces of `piece` bytes, as the driver
+    /// does: what a side queued goes out, also when it then fails; returns how each ended,
+    /// once both have (a side whose peer stopped reads the close).
     fn meet(c: Local, a: Local, lanes: usize, piece: usize) -> (Result<(), Failure>, Result<(), Failure>) {
         let mut conn = Handshake::connect(c, (0..lanes).map(|i| vec![i as u8; 8]).collect());
         let mut acc = Handshake::accept(a);
         let (mut to_acc, mut to_conn) = (Vec::<u8>::new(), Vec::<u8>::new());
+        let mut c_end: Option<Result<(), Failure>> = None;
+        let mut a_end: Option<Result<(), Failure>> = None;
         for _ in 0..10_000 {
             if let Some(o) = conn.transmit() {
                 to_acc.extend(o);
@@ -362,27 +428,37 @@ mod tests {
             if let Some(o) = acc.transmit() {
                 to_conn.extend(o);
             }
-            let step = |hs: &mut Handshake, inbox: &mut Vec<u8>| -> Result<bool, Failure> {
-                match hs.next()? {
-                    Next::Read(max) if !inbox.is_empty() => {
-                        let n = max.min(piece).min(inbox.len());
-                        let bytes: Vec<u8> = inbox.drain(..n).collect();
-                        hs.received(&bytes);
+            if let (Some(c), Some(a)) = (&c_end, &a_end) {
+                return (c.clone(), a.clone());
+            }
+            // `other_done`: the peer ended, so an empty inbox is the end of the stream.
+            let step =
+                |hs: &mut Handshake, inbox: &mut Vec<u8>, other_done: bool| -> Option<Result<(), Failure>> {
+                    match hs.next() {
+                        Err(e) => return Some(Err(e)),
+                        Ok(Next::Read(max)) if !inbox.is_empty() => {
+                            let n = max.min(piece).min(inbox.len());
+                            let bytes: Vec<u8> = inbox.drain(..n).collect();
+                            hs.received(&bytes);
+                        }
+                        Ok(Next::Read(_)) if other_done => hs.received(&[]),
+                        Ok(Next::Read(_)) => {}
+                        Ok(Next::OpenLanes(n)) => {
+                            hs.lanes_opened((0..n).map(|i| vec![0x80 | i as u8; 8]).collect())
+                        }
+                        Ok(Next::AddPeer) => hs.peer_added(),
+                        Ok(Next::Done) => return Some(Ok(())),
                     }
-                    Next::Read(_) => {}
-                    Next::OpenLanes(n) => hs.lanes_opened((0..n).map(|i| vec![0x80 | i as u8; 8]).collect()),
-                    Next::AddPeer => hs.peer_added(),
-                    Next::Done => return Ok(true),
-                }
-                Ok(false)
-            };
-            let c = step(&mut conn, &mut to_conn);
-            let a = step(&mut acc, &mut to_acc);
-            match (c, a) {
-                (Ok(true), Ok(true)) => return (Ok(()), Ok(())),
-                (Err(e), a) => return (Err(e), a.map(|_| ())),
-                (c, Err(e)) => return (c.map(|_| ()), Err(e)),
-                _ => {}
+                    None
+                };
+            let (c_done, a_done) = (c_end.is_some(), a_end.is_some());
+            if !c_done {
+                let closed = a_done && to_conn.is_empty();
+                c_end = step(&mut conn, &mut to_conn, closed);
+            }
+            if !a_done {
+                let closed = c_done && to_acc.is_empty();
+                a_end = step(&mut acc, &mut to_acc, closed);
             }
         }
         panic!("the two sides never finished");
@@ -419,6 +495,34 @@ mod tests {
         }
         assert_eq!(acc.next().unwrap_err().reason, RefusalReason::MissingSecret);
         assert!(acc.transmit().is_none(), "the acceptor answered a peer it refused");
+    }
+
+    #[test]
+    fn an_acceptor_opens_lanes_only_for_a_peer_it_trusts() {
+        for secret in [None, Some("s")] {
+            let mut conn = Handshake::connect(local(1, secret), vec![vec![1; 8]]);
+            let mut acc = Handshake::accept(local(2, secret));
+            let hello = conn.transmit().unwrap();
+            let mut rest = &hello[..];
+            while let (Ok(Next::Read(max)), false) = (acc.next(), rest.is_empty()) {
+                assert!(!acc.is_trusted(), "trusted before its hello is whole");
+                let n = max.min(rest.len());
+                acc.received(&rest[..n]);
+                rest = &rest[n..];
+            }
+            assert!(acc.has_hello());
+            if secret.is_some() {
+                // A hello proves nothing secret: the acceptor challenges before opening lanes.
+                assert_eq!(acc.next(), Ok(Next::Read(32)));
+                assert!(!acc.is_trusted(), "trusted before the proof");
+                conn.received(&acc.transmit().expect("a challenge"));
+                acc.received(&conn.transmit().expect("a proof"));
+            }
+            assert_eq!(acc.next(), Ok(Next::OpenLanes(1)), "secret {secret:?}");
+            assert!(acc.is_trusted(), "secret {secret:?}: trusted once proven");
+            acc.lanes_opened(vec![vec![2; 8]]);
+            assert_eq!(acc.next(), Ok(Next::AddPeer));
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub(super) const MAGIC: &[u8; 4] = b"RDLN";
 // 4: the control connection carries framed messages (`control`), not only heartbeat bytes.
 // 5: `Asleep` and `Kick`, so a reactor asleep on shm is woken for its peers' ops.
 // 6: the express flag, which moves the bulk lanes off rail 0 (`LaneMap`).
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// Lanes a hello may carry.
 pub(super) const MAX_LANES: usize = 64;

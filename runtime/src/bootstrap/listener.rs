@@ -6,8 +6,11 @@
 //!
 //! At the cap, a new connection takes the place of the oldest stranger: a connection that had
 //! its turn, found nothing to read and has sent no whole hello (holding a slot open costs it
-//! nothing to lose). A connection whose bytes wait to be read, or whose hello is in, is never
-//! evicted; when no slot holds a stranger, the newcomer is refused. Both count as
+//! nothing to lose). Where no stranger waits, it takes the place of the oldest idle one whose
+//! hello is in but whose proof of the shared secret is not: a hello asks for nothing secret,
+//! so hellos followed by silence must not hold the slots either. A connection whose bytes wait
+//! to be read, or that proved the secret (or whose hello is in, without one), is never
+//! evicted; when no slot holds one to evict, the newcomer is refused. Both count as
 //! [`RefusalReason::OverCap`]. The socket listens with a backlog of [`BACKLOG`], so a burst of
 //! connections waits in the kernel instead of being half-opened and lost.
 use std::collections::BTreeMap;
@@ -19,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::{AbortHandle, JoinSet};
 
-use super::drive::{drive, DriveError, Progress, Side};
+use super::drive::{drive, DriveError, Evict, Progress, Side};
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::refusal::{Failure, Refusal, RefusalLog, RefusalReason, Refusals, REFUSALS_KEPT};
 use crate::endpoint::Endpoint;
@@ -280,17 +283,24 @@ impl Acceptor {
         // opened, and with the last sender gone `accept()` returns the reason.
     }
 
-    /// At the cap: evict the oldest stranger, if there is one.
+    /// At the cap: evict the oldest idle stranger, else the oldest idle peer whose hello is in
+    /// but whose proof of the shared secret is not, if there is one.
     fn evict(&mut self, slots: &mut BTreeMap<u64, Slot>) -> bool {
-        let Some(k) = slots.iter().find(|(_, s)| s.progress.evictable()).map(|(&k, _)| k) else {
+        // By arrival, so the first of the lowest turn is the oldest of it.
+        let Some((k, turn)) = slots
+            .iter()
+            .filter_map(|(&k, s)| s.progress.evictable().map(|turn| (k, turn)))
+            .min_by_key(|&(k, turn)| (turn, k))
+        else {
             return false;
         };
         let s = slots.remove(&k).expect("found");
         s.abort.abort();
-        let why = format!(
-            "evicted: {} handshakes were in progress and this one was idle without a whole hello",
-            self.cap
-        );
+        let what = match turn {
+            Evict::Stranger => "idle without a whole hello",
+            Evict::Unproven => "idle after its hello without a proof of the shared secret",
+        };
+        let why = format!("evicted: {} handshakes were in progress and this one was {what}", self.cap);
         self.refuse(s.addr, Failure::new(RefusalReason::OverCap, why));
         true
     }

@@ -183,8 +183,9 @@ impl Builder {
     }
 
     /// Handshakes a listener runs at once (default 256, at least 1). At the cap a new
-    /// connection takes the place of the oldest one that has not sent a whole hello; when every
-    /// handshake is past its hello, the newcomer is refused. Both count as
+    /// connection takes the place of the oldest idle one that has not sent a whole hello, else
+    /// of the oldest idle one that has not proved the shared secret; when every handshake is
+    /// busy or past that, the newcomer is refused. Both count as
     /// [`RefusalReason::OverCap`](crate::RefusalReason::OverCap) in [`Stats::refused`](crate::Stats::refused).
     pub fn max_handshakes(mut self, n: usize) -> Self {
         self.max_handshakes = n.max(1);
