@@ -152,6 +152,30 @@ async fn real_client(rt: Runtime, addr: String, stop: Arc<AtomicBool>, real: Arc
     }
 }
 
+/// A server on provider `p`, the provider's full name, and the real client connecting to it
+/// again and again until `stop` (on the tokio runtime this is called on).
+struct Scene {
+    srv: Server,
+    provider: String,
+    addr: String,
+    stop: Arc<AtomicBool>,
+    real: Arc<Real>,
+    client: tokio::task::JoinHandle<()>,
+}
+
+impl Scene {
+    fn start(p: &str) -> Scene {
+        let srv = Server::spawn(p);
+        let provider = builder(p).build().expect("runtime").provider().to_string();
+        let real_rt = builder(p).secret(SECRET).build().expect("runtime");
+        let stop = Arc::new(AtomicBool::new(false));
+        let real = Arc::new(Real::default());
+        let client = tokio::spawn(real_client(real_rt, srv.addr.clone(), stop.clone(), real.clone()));
+        let addr = srv.addr.clone();
+        Scene { srv, provider, addr, stop, real, client }
+    }
+}
+
 /// A hello for `provider` up to (and without) its lane addresses.
 fn hello_head(provider: &str, version: u16) -> Vec<u8> {
     let mut v = b"RDLN".to_vec();
@@ -176,13 +200,7 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
     let _ = rlimit::increase_nofile_limit(8192);
     for p in providers() {
         bounded(240, async {
-            let mut srv = Server::spawn(p);
-            let provider = builder(p).build().expect("runtime").provider().to_string();
-            let real_rt = builder(p).secret(SECRET).build().expect("runtime");
-            let stop = Arc::new(AtomicBool::new(false));
-            let real = Arc::new(Real::default());
-            let client = tokio::spawn(real_client(real_rt, srv.addr.clone(), stop.clone(), real.clone()));
-            let addr = srv.addr.clone();
+            let Scene { mut srv, provider, addr, stop, real, client } = Scene::start(p);
             let wait_rounds = |n: u64| {
                 let real = real.clone();
                 async move {
@@ -353,13 +371,7 @@ fn hellos_without_their_proofs_do_not_hold_the_slots() {
     let _ = rlimit::increase_nofile_limit(8192);
     for p in providers() {
         bounded(240, async {
-            let mut srv = Server::spawn(p);
-            let provider = builder(p).build().expect("runtime").provider().to_string();
-            let real_rt = builder(p).secret(SECRET).build().expect("runtime");
-            let stop = Arc::new(AtomicBool::new(false));
-            let real = Arc::new(Real::default());
-            let client = tokio::spawn(real_client(real_rt, srv.addr.clone(), stop.clone(), real.clone()));
-            let addr = srv.addr.clone();
+            let Scene { mut srv, provider, addr, stop, real, client } = Scene::start(p);
             while real.rounds.load(Ordering::Relaxed) < 3 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

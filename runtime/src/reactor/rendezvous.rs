@@ -169,14 +169,19 @@ impl Rendezvous {
         let Some(o) = self.outgoing.get_mut(&token) else {
             return;
         };
-        match res {
-            Ok(_) => {
+        match (res, o.answer) {
+            (Ok(_), answer) => {
                 o.marked = true;
-                if let Some(answer) = o.answer {
+                if let Some(answer) = answer {
                     self.finish_send(token, Ok(answer), out);
                 }
             }
-            Err(e) => {
+            // The peer answered already: the marker reached it whatever its own completion
+            // says (a provider can fail a send it delivered, as tcp;ofi_rxm does when a fault
+            // drops the connection), and the answer is the message's fate. Failing a send that
+            // was read whole would have an application that retries deliver it twice.
+            (Err(_), Some(answer)) => self.finish_send(token, Ok(answer), out),
+            (Err(e), None) => {
                 // No marker will come: the peer forgets the offer (else it keeps it until we
                 // are lost, counting against our offers there).
                 out.push(Action::Tell(o.slot, Ctl::Withdrawn { token }));
@@ -530,6 +535,27 @@ mod tests {
             }
             _ => panic!("the offer should be withdrawn, the buffer deregistered and the send failed"),
         }
+        assert!(r.idle() && !r.open());
+    }
+
+    #[test]
+    fn a_marker_that_fails_after_the_peer_answered_leaves_the_answer_standing() {
+        let l = label();
+        let mut r = Rendezvous::new("nothing".into());
+        let mut out = Outbox::new();
+        let cell = OpCell::new();
+        let token = r.offered(PeerSlot(0), l, &cell, 4, 1 << 20);
+        // The peer read the message whole and said so; then the marker's own completion fails.
+        r.on_done(PeerSlot(0), token, Pulled::Whole, &mut out);
+        assert!(out.is_empty());
+        assert!(r.settled(&cell, Err(cancelled()), &mut out).is_none());
+        assert!(
+            matches!(
+                out.as_slice(),
+                [Action::Withdraw(4), Action::Complete(c, Ok(Done { len: 1048576, .. }))] if Arc::ptr_eq(c, &cell)
+            ),
+            "the send completes as the peer answered, and nothing is withdrawn at the peer"
+        );
         assert!(r.idle() && !r.open());
     }
 
