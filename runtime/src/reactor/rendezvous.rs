@@ -15,7 +15,7 @@
 //! [`Rendezvous`] is a machine of its own: the reactor exposes the buffer and posts the marker;
 //! everything else (tokens, offers and markers in either order, answers, giving up) happens
 //! here, each input answered with [`Action`]s for the reactor to carry out.
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,12 @@ use crate::reactor::cell::{Done, OpCell};
 
 /// Offers one peer may have outstanding before it counts as misbehaving.
 const MAX_OFFERS: usize = 4096;
+
+/// Withdrawn offers remembered per peer, for their markers that may still come. A marker is
+/// posted right after its offer is told, so only the last few can be on their way; a peer
+/// withdrawing more at once forgets the oldest, and a marker for one of those waits out the
+/// patience like any marker without an offer.
+const WITHDRAWN_KEPT: usize = 64;
 
 /// A send of ours the peer is pulling.
 struct Outgoing {
@@ -86,6 +92,9 @@ pub(super) struct Rendezvous {
     offers: HashMap<(PeerSlot, u32), RemoteBuf>,
     /// Receives whose marker arrived before the offer.
     waiting: HashMap<(PeerSlot, u32), Waiting>,
+    /// Offers the peer withdrew before their marker arrived, newest last: the marker takes
+    /// the data path and the withdrawal the control connection, so the marker can come after.
+    withdrawn: HashMap<PeerSlot, VecDeque<u32>>,
     /// Reads in progress, by the receive's cell address.
     pulling: HashMap<usize, Pulling>,
 }
@@ -100,6 +109,7 @@ impl Rendezvous {
             markers: HashMap::new(),
             offers: HashMap::new(),
             waiting: HashMap::new(),
+            withdrawn: HashMap::new(),
             pulling: HashMap::new(),
         }
     }
@@ -232,6 +242,9 @@ impl Rendezvous {
     ) {
         match self.offers.remove(&(peer.slot, token)) {
             Some(desc) => self.pull(peer, token, desc, cell, seg, running, out),
+            None if self.forget_withdrawn(peer.slot, token) => {
+                out.push(Action::Complete(cell, Err(self.withdrawn_error(peer))));
+            }
             None if self.waiting.contains_key(&(peer.slot, token)) => {
                 // A correct peer never reuses a token while its send runs.
                 let reason = format!("it sent two messages under rendezvous token {token}");
@@ -288,14 +301,40 @@ impl Rendezvous {
 
     /// The peer withdrew an offer: its post of the marker failed.
     pub(super) fn on_withdrawn(&mut self, peer: PeerRef<'_>, token: u32, out: &mut Outbox) {
-        self.offers.remove(&(peer.slot, token));
+        if self.offers.remove(&(peer.slot, token)).is_some() {
+            // Its marker may still be on its way although the sender saw the post fail.
+            let kept = self.withdrawn.entry(peer.slot).or_default();
+            if kept.len() == WITHDRAWN_KEPT {
+                kept.pop_front();
+            }
+            kept.push_back(token);
+        }
         // The marker arrived although the sender saw its post fail: the message is gone all
         // the same.
         if let Some(w) = self.waiting.remove(&(peer.slot, token)) {
-            let source = self.local_error(FailureClass::Other, "the sender withdrew the message");
-            let e = Error::Transport { op: OpKind::Recv, peer: peer.label.clone(), source };
-            out.push(Action::Complete(w.cell, Err(e)));
+            out.push(Action::Complete(w.cell, Err(self.withdrawn_error(peer))));
         }
+    }
+
+    /// The token was among the peer's withdrawn offers (and no longer is).
+    fn forget_withdrawn(&mut self, slot: PeerSlot, token: u32) -> bool {
+        let Some(kept) = self.withdrawn.get_mut(&slot) else {
+            return false;
+        };
+        let Some(i) = kept.iter().position(|t| *t == token) else {
+            return false;
+        };
+        kept.remove(i);
+        if kept.is_empty() {
+            self.withdrawn.remove(&slot);
+        }
+        true
+    }
+
+    /// How a receive fails whose marker stands for a withdrawn message.
+    fn withdrawn_error(&self, peer: PeerRef<'_>) -> Error {
+        let source = self.local_error(FailureClass::Other, "the sender withdrew the message");
+        Error::Transport { op: OpKind::Recv, peer: peer.label.clone(), source }
     }
 
     /// The peer is done reading a message of ours.
@@ -367,6 +406,7 @@ impl Rendezvous {
             self.finish_send(t, Err(why(OpKind::Send)), out);
         }
         self.offers.retain(|(s, _), _| *s != slot);
+        self.withdrawn.remove(&slot);
         let waiting: Vec<(PeerSlot, u32)> =
             self.waiting.keys().filter(|(s, _)| *s == slot).copied().collect();
         for k in waiting {
@@ -518,6 +558,44 @@ mod tests {
             _ => panic!("the receive should fail"),
         }
         assert!(!r.markers_waiting());
+    }
+
+    #[test]
+    fn a_marker_that_comes_after_its_withdrawal_fails_its_receive_at_once() {
+        let (l, now) = (label(), Instant::now());
+        let patience = Duration::from_secs(10);
+        let mut r = Rendezvous::new("nothing".into());
+        let mut out = Outbox::new();
+        let desc = RemoteBuf::new(0, 4096, 64, &[1], Access::READ);
+        // The sender's marker post failed and it withdrew the offer, yet the marker arrives
+        // after the withdrawal (they take different routes).
+        r.on_offer(peer(&l), 8, desc.clone(), true, &mut out);
+        r.on_withdrawn(peer(&l), 8, &mut out);
+        assert!(out.is_empty());
+        let cell = OpCell::new();
+        r.marker_arrived(peer(&l), 8, cell.clone(), SEG, now, true, &mut out);
+        match out.as_slice() {
+            [Action::Complete(c, Err(Error::Transport { source, .. }))] => {
+                assert!(Arc::ptr_eq(c, &cell));
+                assert!(source.text.contains("withdrew"), "{}", source.text);
+            }
+            _ => panic!("the receive should fail at once"),
+        }
+        out.clear();
+        r.expire(now + patience, patience, &mut out);
+        assert!(out.is_empty() && !r.markers_waiting(), "a healthy peer is not dropped");
+        assert!(r.withdrawn.is_empty(), "the withdrawal is forgotten once its marker came");
+
+        // Only the last WITHDRAWN_KEPT withdrawals are remembered; an older one's marker waits.
+        for t in 100..100 + WITHDRAWN_KEPT as u32 + 1 {
+            r.on_offer(peer(&l), t, desc.clone(), true, &mut out);
+            r.on_withdrawn(peer(&l), t, &mut out);
+        }
+        assert_eq!(r.withdrawn[&PeerSlot(0)].len(), WITHDRAWN_KEPT);
+        r.marker_arrived(peer(&l), 100, OpCell::new(), SEG, now, true, &mut out);
+        assert!(out.is_empty() && r.markers_waiting());
+        r.lost(PeerSlot(0), |op| Error::Shutdown { op }, &mut out);
+        assert!(r.withdrawn.is_empty() && !r.markers_waiting(), "a lost peer's records go with it");
     }
 
     #[test]
