@@ -58,7 +58,7 @@ impl Progress {
     /// Trusted, or over: never evicted.
     const KNOWN: u8 = 4;
 
-    fn idle(&self) {
+    pub(super) fn idle(&self) {
         self.0.fetch_or(Self::IDLE, Ordering::Relaxed);
     }
 
@@ -67,7 +67,7 @@ impl Progress {
     }
 
     /// The peer's hello is in, and what it proves is not checked yet.
-    fn hello_in(&self) {
+    pub(super) fn hello_in(&self) {
         self.0.fetch_or(Self::HELLO, Ordering::Relaxed);
     }
 

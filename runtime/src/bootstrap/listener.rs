@@ -13,16 +13,16 @@
 //! evicted; when no slot holds one to evict, the newcomer is refused. Both count as
 //! [`RefusalReason::OverCap`]. The socket listens with a backlog of [`BACKLOG`], so a burst of
 //! connections waits in the kernel instead of being half-opened and lost.
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::task::JoinSet;
 
 use super::drive::{drive, DriveError, Evict, Progress, Side};
+use super::slots::{Slot, SlotId, Slots};
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::refusal::{Failure, Refusal, RefusalLog, RefusalReason, Refusals, REFUSALS_KEPT};
 use crate::endpoint::Endpoint;
@@ -152,13 +152,6 @@ impl Drop for Listener {
     }
 }
 
-/// A handshake in progress.
-struct Slot {
-    addr: SocketAddr,
-    progress: Arc<Progress>,
-    abort: AbortHandle,
-}
-
 /// How a handshake task ended.
 enum Outcome {
     /// Handed to `accept()` (or dropped with the listener).
@@ -221,10 +214,8 @@ struct Acceptor {
 
 impl Acceptor {
     async fn run(mut self) {
-        let mut tasks: JoinSet<(u64, Outcome)> = JoinSet::new();
-        // By arrival: the first entry is the oldest.
-        let mut slots: BTreeMap<u64, Slot> = BTreeMap::new();
-        let mut seq = 0u64;
+        let mut tasks: JoinSet<(SlotId, Outcome)> = JoinSet::new();
+        let mut slots = Slots::default();
         let mut backoff = Duration::from_millis(5);
         let why = loop {
             tokio::select! {
@@ -242,12 +233,11 @@ impl Acceptor {
                                 continue;
                             }
                         }
-                        seq += 1;
+                        let id = slots.next_id();
                         let progress = Arc::new(Progress::default());
                         let task = handshake(self.rt.clone(), s, addr, progress.clone(), self.ready.clone(), self.limit);
-                        let id = seq;
                         let abort = tasks.spawn(async move { (id, task.await) });
-                        slots.insert(seq, Slot { addr, progress, abort });
+                        slots.insert(id, Slot { addr, progress, abort });
                     }
                     Err(e) => match classify(&e) {
                         AcceptError::Connection => {}
@@ -263,18 +253,28 @@ impl Acceptor {
                         AcceptError::Fatal => break Ended::Io(e.kind(), e.to_string()),
                     },
                 },
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
                     // An evicted task was aborted and its refusal already counted; one that
                     // ended just before its eviction reports a refusal that was counted too.
-                    let Ok((id, outcome)) = done else { continue };
-                    let evicted = slots.remove(&id).is_none();
-                    match outcome {
-                        Outcome::Accepted => {}
-                        Outcome::Refused(addr, f) if !evicted => self.refuse(addr, f),
-                        Outcome::Refused(..) => {}
-                        Outcome::Shutdown => break Ended::Shutdown,
+                    Ok((id, outcome)) => {
+                        let evicted = !slots.ended(id);
+                        match outcome {
+                            Outcome::Accepted => {}
+                            Outcome::Refused(addr, f) if !evicted => self.refuse(addr, f),
+                            Outcome::Refused(..) => {}
+                            Outcome::Shutdown => break Ended::Shutdown,
+                        }
                     }
-                }
+                    // A bug in the handshake must not hold its slot for good: what it opened
+                    // was closed by its guards as it unwound.
+                    Err(e) if e.is_panic() => {
+                        if let Some(addr) = slots.panicked(e.id()) {
+                            let why = format!("the handshake panicked: {}", panic_text(e.into_panic()));
+                            self.refuse(addr, Failure::new(RefusalReason::Setup, why));
+                        }
+                    }
+                    Err(_) => {}
+                },
             }
         };
         tracing::warn!("listener on {:?} stopped: {why:?}", self.tcp.local_addr().ok());
@@ -285,16 +285,10 @@ impl Acceptor {
 
     /// At the cap: evict the oldest idle stranger, else the oldest idle peer whose hello is in
     /// but whose proof of the shared secret is not, if there is one.
-    fn evict(&mut self, slots: &mut BTreeMap<u64, Slot>) -> bool {
-        // By arrival, so the first of the lowest turn is the oldest of it.
-        let Some((k, turn)) = slots
-            .iter()
-            .filter_map(|(&k, s)| s.progress.evictable().map(|turn| (k, turn)))
-            .min_by_key(|&(k, turn)| (turn, k))
-        else {
+    fn evict(&mut self, slots: &mut Slots) -> bool {
+        let Some((s, turn)) = slots.evict() else {
             return false;
         };
-        let s = slots.remove(&k).expect("found");
         s.abort.abort();
         let what = match turn {
             Evict::Stranger => "idle without a whole hello",
@@ -311,6 +305,15 @@ impl Acceptor {
         self.log.log(&r);
         // Nobody watching is fine.
         let _ = self.refusals.send(r);
+    }
+}
+
+/// A panic's message, where it has one.
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_owned(),
+        (_, Some(s)) => s.clone(),
+        _ => "no message".to_owned(),
     }
 }
 

@@ -6,12 +6,14 @@
 //! - `handshake`: the handshake as a sans-IO state machine;
 //! - `drive`: that machine run over a socket against the runtime, with guards for what it opens;
 //! - `listener`: concurrent handshakes behind a [`Listener`], with a cap and eviction;
+//! - `slots`: the listener's handshakes in progress, and which one eviction takes;
 //! - `refusal`: why a handshake was refused, counted, logged and reported;
 //! - `watch`: the control connection after the handshake.
 mod drive;
 mod handshake;
 mod hello;
 mod listener;
+mod slots;
 mod watch;
 
 use tokio::net::{TcpStream, ToSocketAddrs};
