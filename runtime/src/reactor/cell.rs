@@ -335,7 +335,7 @@ impl OpCell {
         if prev & WAITING != 0 {
             let w = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
             if let Some(w) = w {
-                w.wake();
+                wake_guarded(w);
             }
         }
         if prev & PARKED != 0 {
@@ -437,6 +437,21 @@ impl Part {
     }
 }
 
+/// Wake an op's task. A waker is the executor's code, run on the reactor's thread in the middle
+/// of a batch of completions: its panic must not unwind through the reactor and lose the rest
+/// of the batch (their ops would wait for good). The outcome is recorded before the wake, so
+/// the task sees it whenever it is polled again.
+fn wake_guarded(w: Waker) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake())) {
+        let text = p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!("a waker panicked as its op completed: {text}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,6 +518,21 @@ mod tests {
         // Its lock held a waker: not kept as a pair, and the reactor's reference goes.
         OpCell::recycle(mine);
         assert!(HANDED.with_borrow(Option::is_none));
+    }
+
+    #[test]
+    fn a_waker_that_panics_does_not_unwind_into_the_reactor_and_the_outcome_stands() {
+        struct Bad;
+        impl std::task::Wake for Bad {
+            fn wake(self: Arc<Self>) {
+                panic!("an executor with a bug");
+            }
+        }
+        let (reactors, mine) = OpCell::pair();
+        assert!(!mine.register(&Waker::from(Arc::new(Bad))));
+        reactors.complete(ok(9));
+        OpCell::let_go(reactors);
+        assert_eq!(mine.taken().map(|r| r.ok()), Some(Some(9)));
     }
 
     #[test]
