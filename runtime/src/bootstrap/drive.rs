@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use super::handshake::{Handshake, Local, Next};
 use super::hello::MAX_NAME;
 use super::watch::{watch_peer, LossSwitch};
+use crate::base::control_outbox;
 use crate::base::error::Error;
 use crate::base::refusal::{Failure, RefusalReason};
 use crate::endpoint::Endpoint;
@@ -199,7 +200,7 @@ pub(super) async fn drive(
             Next::AddPeer => {
                 let them = hs.peer().expect("a hello before adding");
                 label = format!("{addr}#{:x}", them.id);
-                let (ctl, rx) = tokio::sync::mpsc::unbounded_channel();
+                let (ctl, rx) = control_outbox::outbox();
                 outbox = Some(rx);
                 // A failed add closes the lanes itself: the guard lets go of them first.
                 let slots = rt

@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::Notify;
 
 use crate::base::control::Ctl;
+use crate::base::control_outbox::OutboxRx;
 use crate::base::transport::RailSet;
 use crate::runtime::{Runtime, Slots};
 
@@ -46,7 +46,7 @@ pub(super) fn watch_peer(
     slots: Slots,
     peer_id: u64,
     s: TcpStream,
-    mut outbox: UnboundedReceiver<Ctl>,
+    mut outbox: OutboxRx,
     switch: Arc<LossSwitch>,
 ) -> tokio::task::JoinHandle<()> {
     let weak = rt.downgrade();

@@ -3,10 +3,9 @@ use std::any::Any;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 
-use tokio::sync::mpsc::UnboundedSender;
-
 use crate::base::batch::Layout;
 use crate::base::control::Ctl;
+use crate::base::control_outbox::OutboxTx;
 use crate::base::error::{OpKind, TransportError};
 use crate::base::lane_map::LaneMap;
 use crate::base::memory::DeviceMem;
@@ -167,7 +166,7 @@ pub(crate) enum Cmd {
         map: LaneMap,
         label: String,
         /// Where the reactor's messages to the peer go (its control connection).
-        ctl: UnboundedSender<Ctl>,
+        ctl: OutboxTx,
         reply: Reply<Result<PeerSlot, TransportError>>,
     },
     /// A handshake failed after `OpenLanes`: close them.

@@ -10,6 +10,7 @@ use super::cmd::PeerSlot;
 use super::rendezvous::PeerRef;
 use super::{InFlight, Phase, Reactor};
 use crate::base::control::Ctl;
+use crate::base::control_outbox::{Refused, BACKLOG};
 use crate::base::error::{Error, FailureClass, OpKind};
 use crate::base::transport::{WrId, WrKind};
 
@@ -26,11 +27,27 @@ const SERVING_NAP: Duration = Duration::from_millis(2);
 const SERVING_WINDOW: Duration = Duration::from_millis(100);
 
 impl Reactor {
-    pub(super) fn tell(&self, slot: PeerSlot, msg: Ctl) {
+    pub(super) fn tell(&mut self, slot: PeerSlot, msg: Ctl) {
         if let Some(p) = self.peers.get(slot) {
-            // A closed outbox means the control connection is gone, and with it the peer: its
-            // loss fails what waits on the answer.
-            let _ = p.ctl.send(msg);
+            let refused = p.ctl.send(msg).err();
+            self.told(slot, refused);
+        }
+    }
+
+    /// What came of telling the peer in `slot` something. A closed outbox means the control
+    /// connection is gone, and with it the peer: its loss fails what waits on the answer. A
+    /// full one means the peer stopped reading: it is dropped at the next turn.
+    pub(super) fn told(&mut self, slot: PeerSlot, refused: Option<Refused>) {
+        if refused == Some(Refused::Backlog) && !self.backlogged.contains(&slot) {
+            self.backlogged.push(slot);
+        }
+    }
+
+    /// Give up on the peers that left their control messages unread.
+    pub(super) fn drop_backlogged(&mut self) {
+        for slot in std::mem::take(&mut self.backlogged) {
+            let why = format!("it left {BACKLOG} control messages unread");
+            self.drop_peer(slot, why);
         }
     }
 

@@ -148,6 +148,9 @@ pub(crate) struct Reactor {
     /// follows a marker) before we give up on it: `PATIENCE_MIN`, or twice the peer timeout
     /// where that is longer (each control write may take up to a peer timeout).
     patience: Duration,
+    /// Peers whose control outbox refused a message (they stopped reading it): dropped at the
+    /// start of the next turn, where no op of theirs is half-way through the reactor.
+    backlogged: Vec<PeerSlot>,
 }
 
 /// The least patience with a peer's answers.
@@ -203,6 +206,7 @@ impl Reactor {
             now_read: false,
             announced_at: None,
             patience: PATIENCE_MIN,
+            backlogged: Vec::new(),
             counters,
             idle,
             t,
@@ -240,6 +244,9 @@ impl Reactor {
     }
 
     fn turn_once(&mut self) -> bool {
+        if !self.backlogged.is_empty() {
+            self.drop_backlogged();
+        }
         let mut work = self.take_commands();
         work |= self.reap();
         // Most turns of a spinning driver find nothing to post: skip the scheduler's round then.

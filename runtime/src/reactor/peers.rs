@@ -3,13 +3,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::UnboundedSender;
-
 use slab::Slab;
 
 use super::cmd::{OpenedLane, PeerLane, PeerSlot};
 use super::{Phase, Reactor};
 use crate::base::control::Ctl;
+use crate::base::control_outbox::OutboxTx;
 use crate::base::error::{Error, FailureClass, TransportError};
 use crate::base::lane_map::LaneMap;
 use crate::base::sched::OpId;
@@ -34,7 +33,7 @@ pub(super) struct Peer {
     pub(super) state: PeerState,
     pub(super) inflight: usize,
     /// The peer's control connection.
-    pub(super) ctl: UnboundedSender<Ctl>,
+    pub(super) ctl: OutboxTx,
 }
 
 /// The reactor's peers, by slot.
@@ -138,13 +137,7 @@ pub(super) enum PeerState {
 impl Peer {
     /// A peer reached over `lanes` (our lane, its address, the peer's rail there; the first
     /// carries messages), with `rails` rails, told things on `ctl`.
-    pub(super) fn new(
-        id: u64,
-        label: String,
-        lanes: Vec<Route>,
-        rails: usize,
-        ctl: UnboundedSender<Ctl>,
-    ) -> Peer {
+    pub(super) fn new(id: u64, label: String, lanes: Vec<Route>, rails: usize, ctl: OutboxTx) -> Peer {
         let lane_ids: Arc<[LaneId]> = lanes.iter().map(|r| r.lane).collect();
         let msg_lane = lane_ids[..1.min(lane_ids.len())].into();
         // Behind the express lane (place 0), where this group holds it, bulk rotates over the
@@ -229,13 +222,18 @@ impl Reactor {
         }
         let mine = RailSet::of(self.rail_ids.iter().copied());
         let mut told = false;
-        for (_, p) in self.peers.iter_mut() {
+        let mut refused = Vec::new();
+        for (slot, p) in self.peers.iter_mut() {
             if let PeerState::Live { announced: announced @ false, .. } = &mut p.state {
                 *announced = true;
-                // A closed outbox: the peer is being lost anyway.
-                let _ = p.ctl.send(Ctl::Asleep { rails: mine });
+                if let Err(r) = p.ctl.send(Ctl::Asleep { rails: mine }) {
+                    refused.push((slot, r));
+                }
                 told = true;
             }
+        }
+        for (slot, r) in refused {
+            self.told(slot, Some(r));
         }
         if told {
             self.announced_at = Some(self.now());
@@ -260,7 +258,8 @@ impl Reactor {
             }
             *asleep = asleep.without(due);
             Counters::add(&self.counters.kicks);
-            let _ = p.ctl.send(Ctl::Kick { rails: due });
+            let refused = p.ctl.send(Ctl::Kick { rails: due }).err();
+            self.told(slot, refused);
         }
     }
 
@@ -302,7 +301,7 @@ impl Reactor {
         lanes: Vec<PeerLane>,
         map: LaneMap,
         label: String,
-        ctl: UnboundedSender<Ctl>,
+        ctl: OutboxTx,
     ) -> Result<PeerSlot, TransportError> {
         if self.phase != Phase::Running {
             lanes.iter().for_each(|l| self.t.close_lane(l.lane));

@@ -7,11 +7,10 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-
 use super::scripted::{failure, Answer, Script};
 use super::{Cmd, OpReq, Phase, Reactor};
 use crate::base::control::{Ctl, Pulled, Verdict};
+use crate::base::control_outbox::{outbox, OutboxRx};
 use crate::base::error::{Error, FailureClass, OpKind};
 use crate::base::lane_map::LaneMap;
 use crate::base::sched::SchedConfig;
@@ -25,7 +24,7 @@ pub(crate) struct Rig {
     pub script: Script,
     counters: Arc<Counters>,
     slot: PeerSlot,
-    pub told: UnboundedReceiver<Ctl>,
+    pub told: OutboxRx,
     now: Instant,
     /// The memory ops name (the scripted transport never touches it).
     pub mem: Vec<u8>,
@@ -77,7 +76,7 @@ fn rig_mapped(sched: SchedConfig, lanes: usize, max_msg_size: usize, map: LaneMa
         .enumerate()
         .map(|(place, o)| super::cmd::PeerLane { lane: o.lane, peer_name: o.name, place })
         .collect();
-    let (ctl, told) = unbounded_channel();
+    let (ctl, told) = outbox();
     let (reply, got) = mpsc::sync_channel(1);
     r.handle(Cmd::AddPeer { id: 7, lanes: mine, map, label: "peer".into(), ctl, reply });
     let slot = got.recv().expect("a reply").expect("a peer");
@@ -141,7 +140,7 @@ impl Rig {
 
     /// Everything the reactor told the peer so far.
     fn told(&mut self) -> Vec<Ctl> {
-        std::iter::from_fn(|| self.told.try_recv().ok()).collect()
+        std::iter::from_fn(|| self.told.try_recv()).collect()
     }
 }
 
@@ -521,4 +520,29 @@ fn a_reactor_about_to_sleep_names_its_rails_once_per_kick() {
     g.r.on_control(g.slot, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
     g.r.announce_sleep();
     assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }]);
+}
+
+#[test]
+fn a_peer_that_leaves_its_control_messages_unread_is_dropped_once_its_outbox_is_full() {
+    use crate::base::control_outbox::BACKLOG;
+    let mut g = rig(SchedConfig::default(), 1);
+    let write = g.write(16);
+    // What piled up for a peer that reads slowly (answers to its offers and questions, ours).
+    let ctl = g.r.peers[g.slot].ctl.clone();
+    for token in 0..BACKLOG as u32 {
+        ctl.send(Ctl::Withdrawn { token }).expect("room");
+    }
+    // One more message: refused, and the peer is dropped at the next turn, not half-way
+    // through what told it.
+    g.r.on_control(g.slot, 7, Ctl::Check { token: 1, key: 9, addr: 0, len: 1, write: true });
+    let early = write.outcome();
+    assert!(early.is_none(), "nothing is dropped half-way: {early:?}");
+    g.turns(1);
+    match write.outcome() {
+        Some(Err(Error::PeerLost { reason, .. })) => assert!(reason.contains("unread"), "{reason}"),
+        other => panic!("the peer's ops should fail as lost, got {other:?}"),
+    }
+    let told = g.told();
+    assert_eq!(told.len(), BACKLOG + 1, "what the outbox held, then the goodbye; not the verdict");
+    assert!(matches!(told.last(), Some(Ctl::Goodbye { reason }) if reason.contains("unread")));
 }

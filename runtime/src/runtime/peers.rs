@@ -2,10 +2,9 @@
 //! and the control messages that reach it routed to the groups they concern.
 use std::sync::Arc;
 
-use tokio::sync::mpsc::UnboundedSender;
-
 use super::{Lane, Runtime, Slots};
 use crate::base::control::Ctl;
+use crate::base::control_outbox::OutboxTx;
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::lane_map::LaneMap;
 use crate::base::transport::{LaneId, RailSet};
@@ -59,7 +58,7 @@ impl Runtime {
         names: Vec<Vec<u8>>,
         map: LaneMap,
         label: String,
-        ctl: UnboundedSender<Ctl>,
+        ctl: OutboxTx,
     ) -> Result<Slots> {
         let mut slots: Vec<Option<PeerSlot>> = vec![None; self.inner.groups.len()];
         for (g, _) in self.groups() {
