@@ -163,6 +163,17 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// The op would go past a limit the peer keeps to protect itself; nothing was posted. It
+    /// may be tried again once earlier ops to the peer complete.
+    #[error("{op} with peer {peer}: held back: {reason}")]
+    Backpressure {
+        /// The operation.
+        op: OpKind,
+        /// The peer.
+        peer: Arc<str>,
+        /// Which limit, and what would lift it.
+        reason: Arc<str>,
+    },
     /// The peer did not answer in time.
     #[error("{op} with {peer}: timed out after {after_ms} ms")]
     Timeout {
@@ -255,6 +266,7 @@ impl Error {
             | Error::PeerLost { op, .. }
             | Error::OutOfBounds { op, .. }
             | Error::InvalidArgument { op, .. }
+            | Error::Backpressure { op, .. }
             | Error::Timeout { op, .. }
             | Error::Handshake { op, .. }
             | Error::Io { op, .. }

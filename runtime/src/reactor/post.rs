@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::cell::{Done, OpCell};
 use super::cmd::{Draft, OpReq};
+use super::rendezvous::MAX_OFFERS;
 use super::{Held, InFlight, Phase, Reactor};
 use crate::base::batch::MAX_SGE;
 use crate::base::control::Ctl;
@@ -436,6 +437,14 @@ impl Reactor {
         }
         let len = req.seg.len;
         let label = self.peers[req.peer].label.clone();
+        if self.rndv.outgoing_to(req.peer) >= MAX_OFFERS {
+            // The peer would count one more offer as misbehaving and drop us.
+            let reason =
+                format!("{} messages above the largest message wait for the peer's receives", MAX_OFFERS);
+            let e = Error::Backpressure { op: OpKind::Send, peer: label, reason: reason.into() };
+            super::settle_cell(&self.counters, &req.cell, Err(e));
+            return None;
+        }
         // SAFETY of the registration (see `lease::register`): the cell, which holds the buffer
         // once the future is gone, stays with the rendezvous until it asks for the
         // deregistration (`Action::Withdraw`).

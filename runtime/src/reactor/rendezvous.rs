@@ -29,8 +29,9 @@ use crate::base::sched::Class;
 use crate::base::transport::{LocalSeg, WrKind};
 use crate::reactor::cell::{Done, OpCell};
 
-/// Offers one peer may have outstanding before it counts as misbehaving.
-const MAX_OFFERS: usize = 4096;
+/// Offers one peer may have outstanding before it counts as misbehaving. A sender keeps its
+/// own large sends to a peer below it, failing the next one with `Backpressure`.
+pub(super) const MAX_OFFERS: usize = 4096;
 
 /// Withdrawn offers remembered per peer, for their markers that may still come. A marker is
 /// posted right after its offer is told, so only the last few can be on their way; a peer
@@ -86,6 +87,8 @@ pub(super) struct Rendezvous {
     next_token: u32,
     /// Our sends, by token.
     outgoing: HashMap<u32, Outgoing>,
+    /// How many of them go to each peer.
+    outgoing_per_peer: HashMap<PeerSlot, usize>,
     /// Marker sends in the op path, by cell address: their completion is not the send's.
     markers: HashMap<usize, u32>,
     /// Offers whose marker has not arrived, by (peer slot, token).
@@ -106,6 +109,7 @@ impl Rendezvous {
             provider,
             next_token: 0,
             outgoing: HashMap::new(),
+            outgoing_per_peer: HashMap::new(),
             markers: HashMap::new(),
             offers: HashMap::new(),
             waiting: HashMap::new(),
@@ -122,6 +126,11 @@ impl Rendezvous {
     /// A send of ours is being read by its peer.
     pub(super) fn open(&self) -> bool {
         !self.outgoing.is_empty()
+    }
+
+    /// Our sends the peer in `slot` is yet to read (each an offer there).
+    pub(super) fn outgoing_to(&self, slot: PeerSlot) -> usize {
+        self.outgoing_per_peer.get(&slot).copied().unwrap_or(0)
     }
 
     /// Receives wait for offers.
@@ -150,6 +159,7 @@ impl Rendezvous {
         self.markers.insert(cell_key(cell), token);
         let out = Outgoing { slot, label, cell: cell.clone(), mr, len, marked: false, answer: None };
         self.outgoing.insert(token, out);
+        *self.outgoing_per_peer.entry(slot).or_default() += 1;
         token
     }
 
@@ -205,6 +215,12 @@ impl Rendezvous {
         let Some(o) = self.outgoing.remove(&token) else {
             return;
         };
+        if let Some(n) = self.outgoing_per_peer.get_mut(&o.slot) {
+            *n -= 1;
+            if *n == 0 {
+                self.outgoing_per_peer.remove(&o.slot);
+            }
+        }
         self.markers.remove(&cell_key(&o.cell));
         out.push(Action::Withdraw(o.mr));
         let res = match res {

@@ -372,6 +372,40 @@ fn a_send_above_the_largest_message_goes_by_rendezvous_and_completes_once_the_pe
 }
 
 #[test]
+fn large_sends_past_what_the_peer_accepts_are_held_back_with_a_typed_error() {
+    use super::rendezvous::MAX_OFFERS;
+    let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
+    let send = |g: &mut Rig| g.submit(OpKind::Send, WrKind::Send { imm: None }, 128 << 10);
+    // The peer posts no receives: every marker waits there, and every offer counts.
+    let first = send(&mut g);
+    for _ in 1..MAX_OFFERS {
+        send(&mut g);
+    }
+    g.turns(1);
+    let over = send(&mut g);
+    match over.outcome() {
+        Some(Err(Error::Backpressure { op: OpKind::Send, reason, .. })) => {
+            assert!(reason.contains("4096"), "{reason}")
+        }
+        other => panic!("one offer more would have the peer drop us, got {other:?}"),
+    }
+    let offers = g.told();
+    assert_eq!(offers.len(), MAX_OFFERS, "the held-back send is not offered");
+    assert!(first.outcome().is_none(), "the others stand");
+    // Once one is read, the next goes.
+    let Some(Ctl::Offer { token, .. }) = offers.first().cloned() else { panic!("an offer") };
+    let marker = g.script.pending().into_iter().find(|w| w.kind == WrKind::Send { imm: Some(token as u64) });
+    g.script.complete(marker.expect("its marker").id, Ok(()));
+    g.turns(1);
+    g.r.on_control(g.slot, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    assert!(first.outcome().is_some_and(|r| r.is_ok()));
+    let next = send(&mut g);
+    g.turns(1);
+    assert!(next.outcome().is_none(), "offered");
+    assert!(matches!(g.told().as_slice(), [Ctl::Offer { .. }]));
+}
+
+#[test]
 fn a_receive_that_gets_a_marker_reads_the_offered_message_and_answers_the_sender() {
     let mut g = rig_with(split_config(8), 1, 64 << 10);
     let recv = g.submit(OpKind::Recv, WrKind::Recv, 256 << 10);
