@@ -38,16 +38,22 @@ impl Reactor {
     /// connection is gone, and with it the peer: its loss fails what waits on the answer. A
     /// full one means the peer stopped reading: it is dropped at the next turn.
     pub(super) fn told(&mut self, slot: PeerSlot, refused: Option<Refused>) {
-        if refused == Some(Refused::Backlog) && !self.backlogged.contains(&slot) {
-            self.backlogged.push(slot);
+        if refused != Some(Refused::Backlog) {
+            return;
+        }
+        let Some(id) = self.peers.get(slot).map(|p| p.id) else { return };
+        if !self.backlogged.contains(&(slot, id)) {
+            self.backlogged.push((slot, id));
         }
     }
 
     /// Give up on the peers that left their control messages unread.
     pub(super) fn drop_backlogged(&mut self) {
-        for slot in std::mem::take(&mut self.backlogged) {
-            let why = format!("it left {BACKLOG} control messages unread");
-            self.drop_peer(slot, why);
+        for (slot, id) in std::mem::take(&mut self.backlogged) {
+            if self.peers.get(slot).is_some_and(|p| p.id == id) {
+                let why = format!("it left {BACKLOG} control messages unread");
+                self.drop_peer(slot, why);
+            }
         }
     }
 

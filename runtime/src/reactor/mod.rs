@@ -148,9 +148,10 @@ pub(crate) struct Reactor {
     /// follows a marker) before we give up on it: `PATIENCE_MIN`, or twice the peer timeout
     /// where that is longer (each control write may take up to a peer timeout).
     patience: Duration,
-    /// Peers whose control outbox refused a message (they stopped reading it): dropped at the
-    /// start of the next turn, where no op of theirs is half-way through the reactor.
-    backlogged: Vec<PeerSlot>,
+    /// Peers whose control outbox refused a message (they stopped reading it), by slot and id
+    /// (the slot may have a new peer by then): dropped at the start of the next turn, where no
+    /// op of theirs is half-way through the reactor.
+    backlogged: Vec<(PeerSlot, u64)>,
 }
 
 /// The least patience with a peer's answers.
