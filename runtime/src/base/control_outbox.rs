@@ -10,9 +10,10 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::control::Ctl;
 
-/// Messages that may wait for one peer's connection. An honest peer keeps a handful waiting;
-/// this many (a few MiB at most) means it has stopped reading.
-pub(crate) const BACKLOG: usize = 16_384;
+/// Messages that may wait for one peer's connection. An honest peer keeps few waiting, and a
+/// burst after a fault stays well below (4,096 offers, as many withdrawals and answers); this
+/// many (some MiB) means it has stopped reading.
+pub(crate) const BACKLOG: usize = 65_536;
 
 /// The reactors' end (cloned for each reactor the peer has lanes on).
 #[derive(Clone, Debug)]
@@ -49,7 +50,8 @@ impl OutboxTx {
     pub(crate) fn send(&self, msg: Ctl) -> Result<(), Refused> {
         let goodbye = matches!(msg, Ctl::Goodbye { .. });
         if !goodbye && self.waiting.load(Ordering::Relaxed) >= BACKLOG {
-            return Err(Refused::Backlog);
+            // A connection task that ended with a full outbox is not a slow reader.
+            return Err(if self.tx.is_closed() { Refused::Closed } else { Refused::Backlog });
         }
         self.waiting.fetch_add(1, Ordering::Relaxed);
         self.tx.send(msg).map_err(|_| {
@@ -98,6 +100,7 @@ mod tests {
         assert_eq!(tx.send(Ctl::Heartbeat), Ok(()));
         assert_eq!(tx.send(Ctl::Heartbeat), Err(Refused::Backlog));
         drop(rx);
+        assert_eq!(tx.send(Ctl::Heartbeat), Err(Refused::Closed), "full, but nobody reads: closed");
         assert_eq!(tx.send(Ctl::Goodbye { reason: "gone".into() }), Err(Refused::Closed));
     }
 }

@@ -11,6 +11,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
+use crate::base::wake::wake_guarded;
+
 /// A peer wrote into memory this runtime exposed and attached a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImmEvent {
@@ -170,7 +172,7 @@ impl ImmQueue {
             }
             s.take_met()
         };
-        wakers.into_iter().for_each(Waker::wake);
+        wakers.into_iter().for_each(wake_guarded);
     }
 
     pub(crate) fn try_pop(&self) -> Option<ImmEvent> {

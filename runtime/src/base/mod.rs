@@ -16,6 +16,7 @@ pub(crate) mod stats;
 pub(crate) mod topology;
 pub(crate) mod transport;
 pub(crate) mod vars;
+pub(crate) mod wake;
 
 /// Most rails one runtime spans (a p5 host has 32 EFA NICs).
 pub const MAX_RAILS: usize = 32;

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
 use crate::base::error::Error;
+use crate::base::wake::wake_guarded;
 
 /// What a finished op reports besides its buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -434,21 +435,6 @@ impl Part {
             };
             fan.cell.complete(res);
         }
-    }
-}
-
-/// Wake an op's task. A waker is the executor's code, run on the reactor's thread in the middle
-/// of a batch of completions: its panic must not unwind through the reactor and lose the rest
-/// of the batch (their ops would wait for good). The outcome is recorded before the wake, so
-/// the task sees it whenever it is polled again.
-fn wake_guarded(w: Waker) {
-    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake())) {
-        let text = p
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracing::error!("a waker panicked as its op completed: {text}");
     }
 }
 

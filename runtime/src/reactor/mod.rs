@@ -261,6 +261,8 @@ impl Reactor {
         if self.turns.is_multiple_of(64) {
             self.expire_waits();
         }
+        // A peer refused a message this turn: the next drops it, with no sleep in between.
+        work |= !self.backlogged.is_empty();
         probe::mark(Stage::TurnDone);
         work
     }

@@ -328,6 +328,8 @@ impl Reactor {
         if self.peers.contains(slot) {
             self.lose_peer(slot, "endpoint closed".into());
             self.peers.remove(slot);
+            // Its slot may go to the next peer added, which stopped reading nothing.
+            self.backlogged.retain(|(s, _)| *s != slot);
         }
     }
 

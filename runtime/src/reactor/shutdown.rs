@@ -78,6 +78,9 @@ impl Reactor {
                 false
             }
             Phase::Draining { deadline } => {
+                if !self.backlogged.is_empty() {
+                    self.drop_backlogged();
+                }
                 if self.active > 0 && now < deadline {
                     self.reap();
                     return false;
