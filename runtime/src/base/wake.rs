@@ -8,12 +8,16 @@ use std::task::Waker;
 /// Wake `w`, catching and logging a panic.
 pub(crate) fn wake_guarded(w: Waker) {
     if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake())) {
-        let text = p
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracing::error!("a waker panicked on the reactor's thread: {text}");
+        tracing::error!("a waker panicked on the reactor's thread: {}", panic_text(&*p));
+    }
+}
+
+/// A caught panic's message, where it has one (`panic!` with a literal or a format).
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_owned(),
+        (_, Some(s)) => s.clone(),
+        _ => "no message".to_owned(),
     }
 }
 

@@ -25,6 +25,7 @@ use super::drive::{drive, DriveError, Evict, Progress, Side};
 use super::slots::{Slot, SlotId, Slots};
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::refusal::{Failure, Refusal, RefusalLog, RefusalReason, Refusals, REFUSALS_KEPT};
+use crate::base::wake::panic_text;
 use crate::endpoint::Endpoint;
 use crate::runtime::Runtime;
 
@@ -269,7 +270,7 @@ impl Acceptor {
                     // was closed by its guards as it unwound.
                     Err(e) if e.is_panic() => {
                         if let Some(addr) = slots.panicked(e.id()) {
-                            let why = format!("the handshake panicked: {}", panic_text(e.into_panic()));
+                            let why = format!("the handshake panicked: {}", panic_text(&*e.into_panic()));
                             self.refuse(addr, Failure::new(RefusalReason::Setup, why));
                         }
                     }
@@ -305,15 +306,6 @@ impl Acceptor {
         self.log.log(&r);
         // Nobody watching is fine.
         let _ = self.refusals.send(r);
-    }
-}
-
-/// A panic's message, where it has one.
-fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    match (p.downcast_ref::<&str>(), p.downcast_ref::<String>()) {
-        (Some(s), _) => (*s).to_owned(),
-        (_, Some(s)) => s.clone(),
-        _ => "no message".to_owned(),
     }
 }
 
