@@ -17,6 +17,9 @@ pub struct Stats {
     pub withdrawn: u64,
     /// Memory registrations made.
     pub registrations: u64,
+    /// Deregistrations the transport failed. Such a registration may still be live, so memory
+    /// a peer could reach through it is kept for good, never freed or reused.
+    pub deregistrations_failed: u64,
     /// Time spent registering memory, in nanoseconds (round trip through the reactor).
     pub registration_ns: u64,
     /// Peers woken on the control connection for an op of ours: their reactor slept on a
@@ -52,6 +55,7 @@ pub(crate) struct Counters {
     pub failed: AtomicU64,
     pub withdrawn: AtomicU64,
     pub registrations: AtomicU64,
+    pub deregistrations_failed: AtomicU64,
     /// Nanoseconds spent registering, from any thread.
     pub registration_ns: AtomicU64,
     /// Bytes posted per rail (ours), for striping checks and metrics.
@@ -98,6 +102,7 @@ impl Counters {
             failed: l(|c| &c.failed) + l(|c| &c.rejected),
             withdrawn: l(|c| &c.withdrawn),
             registrations: l(|c| &c.registrations),
+            deregistrations_failed: l(|c| &c.deregistrations_failed),
             registration_ns: l(|c| &c.registration_ns),
             kicks: l(|c| &c.kicks),
             device_native: l(|c| &c.device_native),

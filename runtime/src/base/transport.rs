@@ -351,7 +351,9 @@ pub trait Transport: Send {
         ))
     }
 
-    /// Release a registration. Peers can no longer reach the memory once this returns.
+    /// Release a registration. Peers can no longer reach the memory once this returns `Ok`.
+    /// On `Err` the registration may still be live: the reactor then keeps the memory a peer
+    /// could reach through it for good (never frees or reuses it).
     fn deregister(&mut self, id: u64) -> Result<(), TransportError>;
 
     /// Post one work request.

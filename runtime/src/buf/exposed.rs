@@ -119,9 +119,23 @@ impl<B: IoBuf> ExposedBuf<B> {
     }
 
     /// Take the access back (waits until the registration is gone) and return the buffer.
+    ///
+    /// Where the transport fails to deregister, the error says why and the buffer is not
+    /// given back: the registration may still be live, a peer still able to reach the memory,
+    /// so the memory is kept for good, never freed or reused (`Stats::deregistrations_failed`).
+    /// A buffer that holds a handle on its runtime keeps it too: that runtime then stops only
+    /// by [`Runtime::shutdown`].
     pub fn revoke(mut self) -> Result<B> {
-        self.rt.deregister_now(self.mr.id)?;
-        Ok(self.buf.take().expect("present until revoke or drop"))
+        let buf = self.buf.take().expect("present until revoke or drop");
+        match self.rt.deregister_now(self.mr.id) {
+            Ok(()) => Ok(buf),
+            // Stopped: the transport is gone, and its registrations with it.
+            Err(e @ Error::Shutdown { .. }) => Err(e),
+            Err(e) => {
+                std::mem::forget(buf);
+                Err(e)
+            }
+        }
     }
 }
 

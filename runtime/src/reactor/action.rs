@@ -46,11 +46,11 @@ impl Reactor {
                 Action::DropPeer(slot, why) => self.drop_peer(slot, why),
                 Action::FailSilent { slot, id, why } => self.fail_silent(slot, id, why),
                 Action::Pull(req) => self.accept(*req),
+                // Counted and logged where it fails. The buffer is the send's own future's to
+                // give back with the outcome, which stands: the registration let the peer only
+                // read, so what a live one still allows is a read of what the buffer holds later.
                 Action::Withdraw(mr) => {
-                    self.audit.withdrawn(mr);
-                    if let Err(e) = self.t.deregister(mr) {
-                        tracing::warn!(mr, error = %e, "deregistering an offered buffer failed");
-                    }
+                    let _ = self.deregister(mr, None);
                 }
             }
         }

@@ -396,11 +396,26 @@ impl Reactor {
     ) -> Result<(), TransportError> {
         self.audit.withdrawn(id);
         let res = self.t.deregister(id);
-        if let Err(e) = &res {
-            tracing::warn!(id, error = %e, "deregistration failed");
+        match &res {
+            Ok(()) => drop(keep),
+            Err(e) => self.deregistration_failed(id, e, keep),
         }
-        drop(keep);
         res
+    }
+
+    /// Region `id`'s deregistration failed: the registration may still be live, and a peer
+    /// holding its key still able to read or write the memory. Freed, that memory would go
+    /// back to the allocator with the peer's writes still landing in it; so `keep` (the memory
+    /// it covers, where a peer could reach it) is kept for good instead: leaked, never reused.
+    fn deregistration_failed(
+        &self,
+        id: u64,
+        e: &TransportError,
+        keep: Option<Box<dyn std::any::Any + Send>>,
+    ) {
+        Counters::add(&self.counters.deregistrations_failed);
+        tracing::error!(id, error = %e, stranded = keep.is_some(), "deregistration failed: its memory is kept for good");
+        std::mem::forget(keep);
     }
 }
 

@@ -54,6 +54,8 @@ struct State {
     closed: Vec<LaneId>,
     regions: u64,
     deregistered: Vec<u64>,
+    /// Deregistrations fail (the registration stays live as far as the reactor can tell).
+    deregister_fails: bool,
     /// What the reactor said of serving (`Transport::serving`), in order.
     serving: Vec<bool>,
 }
@@ -144,7 +146,12 @@ impl Script {
         self.state().closed.clone()
     }
 
-    /// Regions deregistered so far.
+    /// Make every deregistration from now on fail.
+    pub fn fail_deregistrations(&self) {
+        self.state().deregister_fails = true;
+    }
+
+    /// Every region deregistered so far, in order (failed attempts too).
     pub fn deregistered(&self) -> Vec<u64> {
         self.state().deregistered.clone()
     }
@@ -213,7 +220,11 @@ impl Transport for Scripted {
     }
 
     fn deregister(&mut self, id: u64) -> Result<(), TransportError> {
-        self.script.state().deregistered.push(id);
+        let mut s = self.script.state();
+        s.deregistered.push(id);
+        if s.deregister_fails {
+            return Err(failure(FailureClass::Other, "deregister: the provider refuses"));
+        }
         Ok(())
     }
 

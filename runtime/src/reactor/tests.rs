@@ -580,3 +580,27 @@ fn a_peer_that_leaves_its_control_messages_unread_is_dropped_once_its_outbox_is_
     assert_eq!(told.len(), BACKLOG + 1, "what the outbox held, then the goodbye; not the verdict");
     assert!(matches!(told.last(), Some(Ctl::Goodbye { reason }) if reason.contains("unread")));
 }
+
+#[test]
+fn memory_whose_deregistration_fails_is_kept_for_good_and_freed_after_one_that_succeeds() {
+    let mut g = rig(SchedConfig::default(), 1);
+    let deregister = |g: &mut Rig, id: u64| {
+        let freed = Arc::new(AtomicBool::new(false));
+        let (reply, got) = mpsc::sync_channel(1);
+        let keep: Box<dyn std::any::Any + Send> = Box::new(Tracked(freed.clone()));
+        g.r.handle(Cmd::Deregister { id, keep: Some(keep), reply: Some(reply) });
+        (got.recv().expect("a reply"), freed)
+    };
+    let (res, freed) = deregister(&mut g, 3);
+    assert!(res.is_ok());
+    assert!(freed.load(Ordering::SeqCst), "the memory goes once nobody can reach it");
+    assert_eq!(g.count(|c| &c.deregistrations_failed), 0);
+
+    g.script.fail_deregistrations();
+    let (res, freed) = deregister(&mut g, 4);
+    let e = res.expect_err("the transport's failure is the caller's answer");
+    assert!(e.to_string().contains("refuses"), "{e}");
+    assert!(!freed.load(Ordering::SeqCst), "a registration that may be live keeps its memory");
+    assert_eq!(g.count(|c| &c.deregistrations_failed), 1);
+    assert_eq!(g.script.deregistered(), vec![3, 4]);
+}

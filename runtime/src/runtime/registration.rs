@@ -112,7 +112,11 @@ impl Runtime {
     /// (with several groups, by the last of them).
     pub(crate) fn release_region(&self, id: u64, keep: Option<Box<dyn std::any::Any + Send>>) {
         if self.inner.groups.len() > 1 {
-            let Some(regs) = self.take_group_regs(id) else { return };
+            let Some(regs) = self.take_group_regs(id) else {
+                // Not ours to deregister, so not ours to say a peer no longer reaches it.
+                std::mem::forget(keep);
+                return;
+            };
             let keep = keep.map(|k| Arc::new(Mutex::new(k)));
             for (group, GroupReg { id, .. }) in self.inner.groups.iter().zip(regs) {
                 let keep = keep.clone().map(|k| Box::new(k) as Box<dyn std::any::Any + Send>);
