@@ -45,15 +45,7 @@ impl Reactor {
             return;
         }
         self.phase = Phase::Draining { deadline };
-        while let Ok(cmd) = self.rx.try_recv() {
-            match cmd {
-                Cmd::Op(req) => {
-                    Counters::add(&self.counters.submitted);
-                    self.settle(&req.cell, Err(Error::Shutdown { op: req.op }))
-                }
-                other => self.handle(other),
-            }
-        }
+        self.commands_while_stopping();
         for req in std::mem::take(&mut self.direct) {
             self.settle(&req.cell, Err(Error::Shutdown { op: req.op }));
         }
@@ -68,10 +60,29 @@ impl Reactor {
         }
     }
 
+    /// Commands that came in: ops fail with `Shutdown`, the rest are served. Deregistrations
+    /// still come while the reactor stops (the runtime lets them through): the transport may
+    /// let peers reach their memory until it is closed, so the memory goes only after them.
+    fn commands_while_stopping(&mut self) {
+        while let Ok(cmd) = self.rx.try_recv() {
+            self.idle.commands.fetch_sub(1, Ordering::AcqRel);
+            match cmd {
+                Cmd::Op(req) => {
+                    Counters::add(&self.counters.submitted);
+                    self.settle(&req.cell, Err(Error::Shutdown { op: req.op }))
+                }
+                other => self.handle(other),
+            }
+        }
+    }
+
     /// One step of a shutdown at time `now` (begun now if it was not); true once stopped.
     pub(crate) fn shutdown_step(&mut self, now: Instant) -> bool {
         self.now = now;
         self.now_read = true;
+        if matches!(self.phase, Phase::Draining { .. } | Phase::Parting { .. }) {
+            self.commands_while_stopping();
+        }
         match self.phase {
             Phase::Running => {
                 self.begin_shutdown(now);

@@ -604,3 +604,23 @@ fn memory_whose_deregistration_fails_is_kept_for_good_and_freed_after_one_that_s
     assert_eq!(g.count(|c| &c.deregistrations_failed), 1);
     assert_eq!(g.script.deregistered(), vec![3, 4]);
 }
+
+#[test]
+fn a_stopping_reactor_still_deregisters_and_frees_the_memory_only_then() {
+    let mut g = rig(SchedConfig::default(), 1);
+    let _posted = g.write(1 << 10);
+    g.turns(1);
+    let now = g.now;
+    g.r.begin_shutdown(now + Duration::from_secs(5));
+    assert!(matches!(g.r.phase, Phase::Draining { .. }), "a posted write keeps it draining");
+    // An exposed buffer dropped while the reactor drains: its memory comes with the command.
+    let freed = Arc::new(AtomicBool::new(false));
+    let keep: Box<dyn std::any::Any + Send> = Box::new(Tracked(freed.clone()));
+    g.tx.send(Cmd::Deregister { id: 5, keep: Some(keep), reply: None }).expect("the reactor listens");
+    g.idle.commands.fetch_add(1, Ordering::SeqCst);
+    assert!(!freed.load(Ordering::SeqCst));
+    assert!(!g.r.shutdown_step(now + Duration::from_millis(1)), "still draining");
+    assert_eq!(g.script.deregistered(), vec![5], "deregistered while the lanes are still open");
+    assert!(freed.load(Ordering::SeqCst), "and freed once deregistered");
+    assert_eq!(g.idle.commands.load(Ordering::SeqCst), 0, "the command is counted as taken");
+}

@@ -67,7 +67,9 @@ struct Group {
 
 impl Group {
     fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
-        if self.idle.shutdown.load(Ordering::Acquire) {
+        // A stopping reactor takes no new work, but still deregisters: its transport may let
+        // peers reach the memory until it is closed, so the memory must go after, not now.
+        if self.idle.shutdown.load(Ordering::Acquire) && !matches!(cmd, Cmd::Deregister { .. }) {
             return Err(cmd);
         }
         self.tx.send(cmd).map_err(|e| e.0)?;
