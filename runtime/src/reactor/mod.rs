@@ -407,6 +407,8 @@ impl Reactor {
     /// holding its key still able to read or write the memory. Freed, that memory would go
     /// back to the allocator with the peer's writes still landing in it; so `keep` (the memory
     /// it covers, where a peer could reach it) is kept for good instead: leaked, never reused.
+    /// A registered buffer leaked so keeps its handle on the runtime with it, which then stops
+    /// only by `Runtime::shutdown`: a reactor left running is the lesser harm.
     fn deregistration_failed(
         &self,
         id: u64,
