@@ -144,7 +144,8 @@ impl Runtime {
                     reply: Some(reply),
                 })
                 .and_then(|r| r.map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e)));
-            if first.is_ok() {
+            // A transport's failure outranks a stopped group's: it says the memory must be kept.
+            if first.is_ok() || matches!((&first, &res), (Err(Error::Shutdown { .. }), Err(_))) {
                 first = res;
             }
         }
