@@ -1,7 +1,9 @@
 //! Membership on a real etcd (Debian's `etcd-server`, started per test on ports it picks):
 //! join, clean leave, a killed member, etcd restarted and away for 10 s, two clusters under
 //! different prefixes, entries that lie, a restarted runtime's stale entry, etcd unreachable
-//! at start; and the static list, which needs no etcd.
+//! at start, an entry deleted under a live lease, values too large for one listing, a member
+//! back from past its lease beside its replacement, a handshake accepted after its member
+//! left; and the static list, which needs no etcd.
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -228,6 +230,131 @@ fn a_member_whose_lease_runs_out_is_lost_and_then_publishes_again() {
         let (ea, eb) = tokio::join!(a.connect(id(&rb)), b.accept());
         let again = Link::new(ea.expect("connect again"), eb.expect("accept")).await;
         again.write(3).await.expect("b works again");
+    });
+}
+
+#[test]
+fn a_member_whose_entry_is_deleted_under_a_live_lease_publishes_again() {
+    let etcd = EtcdServer::start();
+    bounded(60, async {
+        let pre = prefix("deleted");
+        let (_ra, rb, a, b) = two_members(&etcd, &pre).await;
+        let mut events = a.events();
+        assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
+        // An operator clears the entry; b's lease lives on.
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
+        client.delete(format!("{pre}/members/{}", id(&rb)), None).await.expect("delete");
+        match next(&mut events, 5, "b's entry gone").await {
+            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
+            ev => panic!("expected b to leave, saw {ev:?}"),
+        }
+        match next(&mut events, 5, "b back").await {
+            MemberEvent::Joined(m) => assert_eq!(m.id, Some(id(&rb))),
+            ev => panic!("expected b to publish again, saw {ev:?}"),
+        }
+        let (ea, eb) = tokio::join!(a.connect(id(&rb)), b.accept());
+        let link = Link::new(ea.expect("connect"), eb.expect("accept")).await;
+        link.write(1).await.expect("b works again");
+    });
+}
+
+#[test]
+fn values_too_large_for_one_reply_neither_hide_members_nor_let_leases_lapse() {
+    let etcd = EtcdServer::start();
+    bounded(90, async {
+        let pre = prefix("large");
+        // Four values of 1.4 MB under the prefix: one listing would be a 5.6 MB reply, past
+        // the client's 4 MiB limit. They are no entries, and are ignored.
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
+        for i in 0..4 {
+            let junk = vec![b'x'; 1_400_000];
+            client.put(format!("{pre}/members/junk-{i}"), junk, None).await.expect("put a large value");
+        }
+        let (_ra, rb, a, b) = two_members(&etcd, &pre).await;
+        b.wait_for("a", Duration::from_secs(5)).await.expect("b sees a");
+        let mut events = a.events();
+        assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
+        // Three lease times: b's entry is renewed throughout.
+        match tokio::time::timeout(3 * TTL, events.next()).await {
+            Err(_) => {}
+            Ok(ev) => panic!("nothing should change, saw {ev:?}"),
+        }
+        assert_eq!(a.members().into_iter().map(|m| m.id).collect::<Vec<_>>(), vec![Some(id(&rb))]);
+        let link = Link::between(&a, &b).await;
+        link.write(1).await.expect("a and b work");
+    });
+}
+
+#[test]
+fn a_member_cut_off_past_its_lease_does_not_take_its_label_back() {
+    let etcd = EtcdServer::start();
+    let p = main_provider();
+    bounded(60, async {
+        let pre = prefix("takeback");
+        let (ra, rb, rc) = (runtime(p), runtime(p), runtime(p));
+        let a = join(&ra, &etcd, &pre, "a").await;
+        let _b = join(&rb, &etcd, &pre, "svc").await;
+        a.wait_for("svc", Duration::from_secs(5)).await.expect("a sees b");
+        // b's replacement c joins under the same label (b lives on, cut off from the others).
+        let c = join(&rc, &etcd, &pre, "svc").await;
+        let t0 = Instant::now();
+        while a.members().len() < 2 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "a sees c");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut events = a.events();
+        for _ in 0..2 {
+            assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
+        }
+        // b's lease goes (cut off from etcd past its TTL); b publishes again, its key made anew.
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
+        let key = format!("{pre}/members/{}", id(&rb));
+        let lease = client.get(key, None).await.expect("get").kvs()[0].lease();
+        client.lease_revoke(lease).await.expect("revoke");
+        match next(&mut events, 5, "b's lease gone").await {
+            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
+            ev => panic!("expected b to leave, saw {ev:?}"),
+        }
+        match next(&mut events, 10, "b back").await {
+            MemberEvent::Joined(m) => assert_eq!(m.id, Some(id(&rb))),
+            ev => panic!("expected b to publish again, saw {ev:?}"),
+        }
+        // (Led to b instead, c would wait to accept for good.)
+        let (ea, ec) = tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(a.connect_label("svc"), c.accept())
+        })
+        .await
+        .expect("the label leads to c, which accepts");
+        assert_eq!(ea.expect("connect by label").peer_id(), rc.id(), "the label stays with the replacement");
+        drop(ec);
+        let e = a.connect(id(&rb)).await.expect_err("the old process gets no traffic");
+        assert!(matches!(e, Error::Membership { why: MembershipFailure::Superseded, .. }), "{e}");
+    });
+}
+
+#[test]
+fn a_handshake_accepted_after_its_member_left_is_lost_at_once() {
+    let etcd = EtcdServer::start();
+    bounded(60, async {
+        let (ra, rb, a, b) = two_members(&etcd, &prefix("late-accept")).await;
+        b.wait_for("a", Duration::from_secs(5)).await.expect("b sees a");
+        let mut events = a.events();
+        assert!(matches!(next(&mut events, 5, "snapshot").await, MemberEvent::Joined(_)));
+        // b connects; a has not accepted yet when b leaves.
+        let eb = b.connect_label("a").await.expect("b connects");
+        b.leave().await.expect("leave");
+        match next(&mut events, 5, "the leave").await {
+            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
+            ev => panic!("expected b to leave, saw {ev:?}"),
+        }
+        let ea = a.accept().await.expect("the handshake was made");
+        assert_eq!(ea.peer_id(), rb.id());
+        let (res, _) = tokio::time::timeout(Duration::from_secs(5), ea.recv(ra.alloc(64).expect("alloc")))
+            .await
+            .expect("the receive ends");
+        let e = res.expect_err("b left before a took its endpoint");
+        assert!(e.is_peer_lost() && e.to_string().contains("left the cluster"), "{e}");
+        drop(eb);
     });
 }
 

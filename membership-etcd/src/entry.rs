@@ -10,8 +10,9 @@ const MAX_ENTRY: usize = 64 * 1024;
 /// The longest label, address or provider name.
 const MAX_FIELD: usize = 256;
 
+/// Fields it does not know are ignored, so a later version may add some and still be read by
+/// this one during a rolling upgrade.
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Entry {
     /// Hex, 16 digits: a u64 does not survive JSON readers that use doubles.
     id: String,
@@ -21,6 +22,10 @@ struct Entry {
     rails: usize,
     #[serde(default)]
     meta: BTreeMap<String, String>,
+    /// The create revision of the member's first publication, once it publishes again under a
+    /// new lease (its key then gets a new create revision): the member is as old as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    since: Option<u64>,
 }
 
 /// The folder all members of the cluster under `prefix` live in (ends in `/`).
@@ -37,12 +42,17 @@ pub(crate) fn key(prefix: &str, id: MemberId) -> String {
 pub(crate) fn id_of(prefix: &str, key: &[u8]) -> Option<MemberId> {
     let key = std::str::from_utf8(key).ok()?;
     let hex = key.strip_prefix(&folder(prefix))?;
-    (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok()).flatten().map(MemberId)
+    // Exactly as `key` writes it: another spelling of the same id (capitals, a sign) would be
+    // a second key for one member, whose deletion would report the live one gone.
+    let canonical = hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    canonical.then(|| u64::from_str_radix(hex, 16).ok()).flatten().map(MemberId)
 }
 
-/// The value published for `me` (whose id must be set).
-pub(crate) fn encode(me: &Member) -> Vec<u8> {
+/// The value published for `me` (whose id must be set), first published at revision `since`
+/// where that is known.
+pub(crate) fn encode(me: &Member, since: Option<u64>) -> Vec<u8> {
     let e = Entry {
+        since,
         id: me.id.map(|i| i.to_string()).unwrap_or_default(),
         label: me.label.clone(),
         addr: me.addr.clone(),
@@ -77,7 +87,12 @@ pub(crate) fn decode(prefix: &str, key: &[u8], value: &[u8], revision: i64) -> R
         provider: Some(e.provider),
         rails: Some(e.rails),
         meta: e.meta,
-        revision: revision.max(0) as u64,
+        // An earlier first publication counts, never a later one: no entry can claim to be
+        // newer than its key.
+        revision: match e.since {
+            Some(first) if first > 0 && first <= revision.max(0) as u64 => first,
+            _ => revision.max(0) as u64,
+        },
     })
 }
 
@@ -101,7 +116,7 @@ mod tests {
     fn round_trips() {
         let k = key("/rdmalane/prod/", MemberId(0xab));
         assert_eq!(k, "/rdmalane/prod/members/00000000000000ab");
-        let back = decode("/rdmalane/prod", k.as_bytes(), &encode(&me()), 42).unwrap();
+        let back = decode("/rdmalane/prod", k.as_bytes(), &encode(&me(), None), 42).unwrap();
         assert_eq!(back, Member { revision: 42, ..me() });
     }
 
@@ -109,14 +124,35 @@ mod tests {
     fn refuses_what_does_not_add_up() {
         let k = key("/c", MemberId(0xab));
         let other = key("/c", MemberId(0xac));
-        assert!(decode("/c", other.as_bytes(), &encode(&me()), 1).unwrap_err().contains("names id"));
-        assert!(decode("/c", b"/c/members/xyz", &encode(&me()), 1).unwrap_err().contains("key"));
+        assert!(decode("/c", other.as_bytes(), &encode(&me(), None), 1).unwrap_err().contains("names id"));
+        assert!(decode("/c", b"/c/members/xyz", &encode(&me(), None), 1).unwrap_err().contains("key"));
         assert!(decode("/c", k.as_bytes(), b"{not json", 1).unwrap_err().contains("not an entry"));
         let mut empty = me();
         empty.label.clear();
-        assert!(decode("/c", k.as_bytes(), &encode(&empty), 1).unwrap_err().contains("label"));
+        assert!(decode("/c", k.as_bytes(), &encode(&empty, None), 1).unwrap_err().contains("label"));
         let big = vec![b' '; MAX_ENTRY + 1];
         assert!(decode("/c", k.as_bytes(), &big, 1).unwrap_err().contains("bytes"));
+    }
+
+    #[test]
+    fn a_member_published_again_keeps_its_first_revision_and_unknown_fields_are_read() {
+        let k = key("/c", MemberId(0xab));
+        let again = decode("/c", k.as_bytes(), &encode(&me(), Some(7)), 42).unwrap();
+        assert_eq!(again.revision, 7, "as old as its first publication");
+        let later = decode("/c", k.as_bytes(), &encode(&me(), Some(50)), 42).unwrap();
+        assert_eq!(later.revision, 42, "no claim past its key's own revision");
+        let mut v: serde_json::Value = serde_json::from_slice(&encode(&me(), None)).unwrap();
+        v["zone"] = "eu-1".into();
+        let newer = decode("/c", k.as_bytes(), &serde_json::to_vec(&v).unwrap(), 3).unwrap();
+        assert_eq!(newer, Member { revision: 3, ..me() }, "a later version's field is ignored");
+    }
+
+    #[test]
+    fn an_id_has_one_spelling() {
+        assert_eq!(id_of("/c", b"/c/members/00000000000000ab"), Some(MemberId(0xab)));
+        for other in ["00000000000000AB", "+0000000000000ab", "000000000000000ab", "0x000000000000ab"] {
+            assert_eq!(id_of("/c", format!("/c/members/{other}").as_bytes()), None, "{other}");
+        }
     }
 
     #[test]

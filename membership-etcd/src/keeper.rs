@@ -35,6 +35,9 @@ enum Exit {
     Closed,
     /// Start over at once (a new publication, or a lease to replace).
     Again,
+    /// Start over after a backoff: our entry was deleted under us, and whoever deletes it may
+    /// keep doing so.
+    Republish,
 }
 
 pub(crate) struct Keeper {
@@ -43,6 +46,9 @@ pub(crate) struct Keeper {
     /// What to keep published; `None` before `publish` and after `withdraw`.
     me: Option<Member>,
     lease: Option<i64>,
+    /// The create revision of our first publication since we last withdrew: published with
+    /// the entry when it is put again under a new lease, so that we stay as old as we are.
+    since: Option<u64>,
     /// Every entry in the prefix as last seen, ours included.
     known: BTreeMap<MemberId, Member>,
     subscribers: Vec<UnboundedSender<MemberEvent>>,
@@ -82,6 +88,7 @@ impl Keeper {
             client: Some(client),
             me: None,
             lease: None,
+            since: None,
             known: BTreeMap::new(),
             subscribers: Vec::new(),
             waiting: Vec::new(),
@@ -95,12 +102,13 @@ impl Keeper {
             match self.session(&mut cmds).await {
                 Ok(Exit::Closed) => return,
                 Ok(Exit::Again) => continue,
+                Ok(Exit::Republish) => {}
                 Err(why) => {
                     if !self.offline {
                         tracing::warn!(
                             etcd = ?self.opts.endpoints,
                             %why,
-                            "etcd unreachable: connected members keep working; retrying"
+                            "etcd unreachable or failing: connected members keep working; retrying"
                         );
                         self.offline = true;
                     }
@@ -135,6 +143,7 @@ impl Keeper {
             Cmd::Withdraw(done) => {
                 self.me = None;
                 self.lease = None;
+                self.since = None;
                 let _ = done.send(Ok(()));
             }
             Cmd::Watch(tx) => self.subscribe(tx),
@@ -157,19 +166,34 @@ impl Keeper {
         for w in self.waiting.drain(..) {
             let _ = w.send(Ok(()));
         }
-        let revision = self.list(&mut client).await?;
-        let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1).with_prev_key();
-        let mut watch = call(limit, client.watch(entry::folder(&self.opts.prefix), Some(options))).await?;
+        // The lease is renewed from here on (opening the stream renews it once), while the
+        // directory is listed and watched: a listing that fails or takes long must not let
+        // our entry lapse, which would cut every peer's endpoints to us.
         let mut keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)> = match self.lease {
-            Some(id) => Some(call(limit, client.lease_keep_alive(id)).await?),
+            Some(id) => {
+                Some(call(limit, client.lease_keep_alive(id)).await.map_err(|e| format!("keep-alive: {e}"))?)
+            }
             None => None,
         };
+        let mut tick = tokio::time::interval(self.opts.ttl / 3);
+        tick.tick().await;
+        let mut lister = client.clone();
+        let (revision, ours_listed) = renewing(self.list(&mut lister), &mut keeper, &mut tick).await?;
+        if self.me.is_some() && !ours_listed {
+            // Deleted between our put and the listing (its lease may live): put it back.
+            tracing::warn!("our entry was deleted while we are a member; publishing again");
+            return Ok(Exit::Republish);
+        }
+        let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1).with_prev_key();
+        let watching = call(limit, client.watch(entry::folder(&self.opts.prefix), Some(options)));
+        let mut watch = renewing(watching, &mut keeper, &mut tick)
+            .await
+            .map_err(|e| format!("opening the watch: {e}"))?;
         if self.offline {
             tracing::info!(etcd = ?self.opts.endpoints, "etcd reachable again: entry and watch resumed");
             self.offline = false;
         }
         self.backoff = MIN_BACKOFF;
-        let mut tick = tokio::time::interval(self.opts.ttl / 3);
         loop {
             tokio::select! {
                 m = watch.message() => match m.map_err(|e| format!("watch: {e}"))? {
@@ -178,12 +202,19 @@ impl Keeper {
                         return Err(format!("the watch was cancelled (compacted at {})", resp.compact_revision()))
                     }
                     Some(resp) => {
+                        let mut ours_gone = false;
                         for ev in resp.events() {
                             match (ev.event_type(), ev.kv()) {
                                 (EventType::Put, Some(kv)) => self.put(kv.key(), kv.value(), kv.create_revision()),
-                                (EventType::Delete, Some(kv)) => self.deleted(kv.key()),
+                                (EventType::Delete, Some(kv)) => ours_gone |= self.deleted(kv.key()),
                                 _ => {}
                             }
+                        }
+                        // Deleted while we are published and our lease may live (an operator
+                        // cleared the prefix): put it back, or we are gone until an outage.
+                        if ours_gone {
+                            tracing::warn!("our entry was deleted while we are a member; publishing again");
+                            return Ok(Exit::Republish);
                         }
                     }
                 },
@@ -212,6 +243,7 @@ impl Keeper {
                     }
                     Some(Cmd::Withdraw(done)) => {
                         self.me = None;
+                        self.since = None;
                         let r = self.revoke(&mut client).await;
                         let _ = done.send(r);
                         return Ok(Exit::Again);
@@ -237,9 +269,17 @@ impl Keeper {
             let ttl = self.opts.ttl.as_secs().max(1) as i64;
             self.lease = Some(call(limit, client.lease_grant(ttl, None)).await?.id());
         }
-        let options = PutOptions::new().with_lease(self.lease.expect("granted above"));
+        let options = PutOptions::new().with_lease(self.lease.expect("granted above")).with_prev_key();
         let key = entry::key(&self.opts.prefix, me.id.expect("a published member has an id"));
-        call(limit, client.put(key, entry::encode(&me), Some(options))).await?;
+        let resp = call(limit, client.put(key, entry::encode(&me, self.since), Some(options))).await?;
+        if self.since.is_none() {
+            // The key's create revision: the put's own where it made the key.
+            let created = match resp.prev_key() {
+                Some(kv) => kv.create_revision(),
+                None => resp.header().map_or(0, |h| h.revision()),
+            };
+            self.since = u64::try_from(created).ok().filter(|&r| r > 0);
+        }
         Ok(())
     }
 
@@ -250,15 +290,18 @@ impl Keeper {
         }
     }
 
-    /// List the prefix; report what changed since we last knew it; return its revision.
-    async fn list(&mut self, client: &mut Client) -> Result<i64, String> {
+    /// List the prefix; report what changed since we last knew it; return its revision, and
+    /// whether our own key was there (however its value reads).
+    async fn list(&mut self, client: &mut Client) -> Result<(i64, bool), String> {
         let folder = entry::folder(&self.opts.prefix);
-        let resp = call(self.opts.connect_timeout, client.get(folder, Some(GetOptions::new().with_prefix())))
-            .await?;
-        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let (revision, kvs) = listing(client, &folder, self.opts.connect_timeout)
+            .await
+            .map_err(|e| format!("listing {folder}: {e}"))?;
+        let ours = self.me.as_ref().and_then(|m| m.id).map(|id| entry::key(&self.opts.prefix, id));
+        let ours_listed = kvs.iter().any(|(k, _, _)| ours.as_deref().map(str::as_bytes) == Some(&k[..]));
         let mut now = BTreeMap::new();
-        for kv in resp.kvs() {
-            if let Some(m) = self.trusted(kv.key(), kv.value(), kv.create_revision()) {
+        for (key, value, created) in kvs {
+            if let Some(m) = self.trusted(&key, &value, created) {
                 now.insert(m.id.expect("decoded entries have ids"), m);
             }
         }
@@ -275,7 +318,7 @@ impl Keeper {
                 self.tell(MemberEvent::Joined(m));
             }
         }
-        Ok(revision)
+        Ok((revision, ours_listed))
     }
 
     fn put(&mut self, key: &[u8], value: &[u8], revision: i64) {
@@ -286,12 +329,14 @@ impl Keeper {
         }
     }
 
-    fn deleted(&mut self, key: &[u8]) {
-        let Some(id) = entry::id_of(&self.opts.prefix, key) else { return };
+    /// An entry was deleted; returns whether it was ours while we are published.
+    fn deleted(&mut self, key: &[u8]) -> bool {
+        let Some(id) = entry::id_of(&self.opts.prefix, key) else { return false };
         if let Some(member) = self.known.remove(&id) {
             let reason = "its entry was deleted (it left, or its lease ran out)".into();
             self.tell(MemberEvent::Left { member, reason });
         }
+        self.me.as_ref().and_then(|m| m.id) == Some(id)
     }
 
     /// The member an entry describes, or `None` (and a warning) when it does not add up.
@@ -314,6 +359,102 @@ impl Keeper {
 
     fn tell(&mut self, ev: MemberEvent) {
         self.subscribers.retain(|s| s.unbounded_send(ev.clone()).is_ok());
+    }
+}
+
+/// Entries read per request while listing: a reply holds at most this many values, so valid
+/// entries (64 KiB at most each) stay far below the client's 4 MiB reply limit.
+const PAGE: i64 = 32;
+
+/// Every key under `folder` with its value and create revision, and the revision it was read
+/// at, a page at a time. A page that cannot be read whole (values too large for one reply,
+/// which no entry of ours is) is read a key at a time, and a key whose value alone is too large
+/// is left out with a warning.
+async fn listing(client: &mut Client, folder: &str, limit: Duration) -> Result<(i64, Vec<Kv>), String> {
+    let end = prefix_end(folder.as_bytes());
+    let mut from = folder.as_bytes().to_vec();
+    let mut revision = 0;
+    let mut out = Vec::new();
+    loop {
+        let at = |o: GetOptions| if revision > 0 { o.with_revision(revision) } else { o };
+        let page = at(GetOptions::new().with_range(end.clone()).with_limit(PAGE));
+        let (kvs, more, rev) = match call(limit, client.get(from.clone(), Some(page))).await {
+            Ok(r) => {
+                let kvs: Vec<Kv> = r
+                    .kvs()
+                    .iter()
+                    .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision()))
+                    .collect();
+                (kvs, r.more(), r.header().map_or(0, |h| h.revision()))
+            }
+            Err(whole) => {
+                let keys = at(GetOptions::new().with_range(end.clone()).with_limit(PAGE).with_keys_only());
+                let r = call(limit, client.get(from.clone(), Some(keys))).await?;
+                let rev = r.header().map_or(0, |h| h.revision());
+                let mut kvs = Vec::new();
+                for k in r.kvs() {
+                    let one = GetOptions::new().with_revision(rev);
+                    match call(limit, client.get(k.key(), Some(one))).await {
+                        Ok(v) => kvs.extend(
+                            v.kvs()
+                                .iter()
+                                .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision())),
+                        ),
+                        Err(why) => tracing::warn!(
+                            key = %String::from_utf8_lossy(k.key()), %why, page = %whole,
+                            "ignoring an entry in the cluster's prefix that cannot be read"
+                        ),
+                    }
+                }
+                (kvs, r.more(), rev)
+            }
+        };
+        if revision == 0 {
+            revision = rev;
+        }
+        let Some(last) = kvs.last().map(|(k, _, _)| k.clone()) else { return Ok((revision, out)) };
+        out.extend(kvs);
+        if !more {
+            return Ok((revision, out));
+        }
+        // The next page starts just past the last key read.
+        from = last;
+        from.push(0);
+    }
+}
+
+/// A key, its value and its create revision.
+type Kv = (Vec<u8>, Vec<u8>, i64);
+
+/// The end of the range of keys that start with `prefix` (etcd's prefix convention).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(&last) = end.last() {
+        if last < 0xff {
+            *end.last_mut().expect("not empty") += 1;
+            return end;
+        }
+        end.pop();
+    }
+    vec![0]
+}
+
+/// Await `f` while renewing the lease at each tick.
+async fn renewing<T>(
+    f: impl std::future::Future<Output = Result<T, String>>,
+    keeper: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    tick: &mut tokio::time::Interval,
+) -> Result<T, String> {
+    tokio::pin!(f);
+    loop {
+        tokio::select! {
+            r = &mut f => return r,
+            _ = tick.tick(), if keeper.is_some() => {
+                if let Some((k, _)) = keeper.as_mut() {
+                    k.keep_alive().await.map_err(|e| format!("keep-alive: {e}"))?;
+                }
+            }
+        }
     }
 }
 

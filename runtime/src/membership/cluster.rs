@@ -1,6 +1,6 @@
 //! A runtime in a cluster: listening, published, following the directory, connecting by id
 //! or label, and losing the endpoints of members that leave.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -86,7 +86,18 @@ struct State {
     subscribers: Vec<UnboundedSender<MemberEvent>>,
     /// The endpoints each member has, held weakly: their loss switches.
     links: HashMap<MemberId, Vec<Weak<LossSwitch>>>,
+    /// How many members `links` may name before it is swept of endpoints that are gone.
+    sweep_at: usize,
+    /// The members that left most recently (at most [`LEFT_KEPT`]), and why: a handshake
+    /// they made before leaving may be accepted after, and its endpoint is lost at once.
+    left: VecDeque<(MemberId, String)>,
 }
+
+/// Members that left remembered for endpoints accepted late.
+const LEFT_KEPT: usize = 1024;
+
+/// The fewest members `links` names before it is first swept.
+const SWEEP_MIN: usize = 64;
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -124,8 +135,13 @@ impl Cluster {
             revision: 0,
         };
         let directory: Arc<dyn Membership> = Arc::new(directory);
-        let state =
-            State { table: Table::new(MemberId(rt.id())), subscribers: Vec::new(), links: HashMap::new() };
+        let state = State {
+            table: Table::new(MemberId(rt.id())),
+            subscribers: Vec::new(),
+            links: HashMap::new(),
+            sweep_at: SWEEP_MIN,
+            left: VecDeque::new(),
+        };
         let shared = Arc::new(Shared { rt: rt.clone(), listener, directory, me, state: Mutex::new(state) });
         // Follow before publishing, so no member that joins in between is missed.
         let mut changes = shared.directory.watch();
@@ -182,8 +198,10 @@ impl Cluster {
         let found = tokio::time::timeout(within, async {
             while let Some(ev) = events.next().await {
                 if let MemberEvent::Joined(m) = ev {
-                    if m.label == label {
-                        return self.shared.lock().table.newest(label).cloned();
+                    // It may have left again already: then wait on for another.
+                    let newest = (m.label == label).then(|| self.shared.lock().table.newest(label).cloned());
+                    if let Some(Some(m)) = newest {
+                        return Some(m);
                     }
                 }
             }
@@ -221,10 +239,16 @@ impl Cluster {
     }
 
     /// The next member that connected to us (see [`Listener::accept`]). If it is or becomes
-    /// a member that leaves, the endpoint is lost with it.
+    /// a member that leaves, the endpoint is lost with it (also where it left between its
+    /// handshake and this call: its ops then fail with [`Error::PeerLost`] at once).
     pub async fn accept(&self) -> Result<Endpoint> {
         let ep = self.shared.listener.accept().await?;
-        self.shared.link(MemberId(ep.peer_id()), &ep);
+        let id = MemberId(ep.peer_id());
+        self.shared.link(id, &ep);
+        let gone = self.shared.lock().left.iter().find(|(l, _)| *l == id).map(|(_, why)| why.clone());
+        if let (Some(why), Some(switch)) = (gone, ep.loss_switch().and_then(|w| w.upgrade())) {
+            switch.trip(why);
+        }
         Ok(ep)
     }
 
@@ -274,12 +298,22 @@ impl Shared {
         let Some(news) = st.table.apply(ev) else { return };
         if let MemberEvent::Left { member, reason } = &news {
             tracing::info!(member = %member.name(), %reason, "member left");
+            let why = format!("{} left the cluster: {reason}", member.name());
             let switches = member.id.and_then(|id| st.links.remove(&id)).unwrap_or_default();
             for s in switches.iter().filter_map(Weak::upgrade) {
-                s.trip(format!("{} left the cluster: {reason}", member.name()));
+                s.trip(why.clone());
+            }
+            if let Some(id) = member.id {
+                if st.left.len() == LEFT_KEPT {
+                    st.left.pop_front();
+                }
+                st.left.push_back((id, why));
             }
         } else {
             tracing::info!(member = %news.member().name(), addr = %news.member().addr, "member joined");
+            if let Some(id) = news.member().id {
+                st.left.retain(|(l, _)| *l != id);
+            }
         }
         st.subscribers.retain(|s| s.send(news.clone()).is_ok());
     }
@@ -290,6 +324,16 @@ impl Shared {
             let list = st.links.entry(id).or_default();
             list.retain(|w| w.strong_count() > 0);
             list.push(s);
+            // Peers that never leave through the directory (a static list reports no leaves)
+            // would stay named here for good: sweep those whose endpoints are all gone, as
+            // seldom as the map doubles.
+            if st.links.len() >= st.sweep_at {
+                st.links.retain(|_, l| {
+                    l.retain(|w| w.strong_count() > 0);
+                    !l.is_empty()
+                });
+                st.sweep_at = (2 * st.links.len()).max(SWEEP_MIN);
+            }
         }
     }
 }

@@ -58,7 +58,8 @@ pub struct Member {
     pub rails: Option<usize>,
     /// Whatever the application published with it.
     pub meta: BTreeMap<String, String>,
-    /// The directory's order of publication (etcd: the entry's create revision; static: the
+    /// The directory's order of publication (etcd: the create revision of the member's first
+    /// publication, which a member published again under a new lease keeps; static: the
     /// position in the list): of two entries with one label, the higher is the newer.
     pub revision: u64,
 }
