@@ -136,7 +136,7 @@ impl Cluster {
         };
         let directory: Arc<dyn Membership> = Arc::new(directory);
         let state = State {
-            table: Table::new(MemberId(rt.id())),
+            table: Table::new(MemberId(rt.id()), me.addr.clone()),
             subscribers: Vec::new(),
             links: HashMap::new(),
             sweep_at: SWEEP_MIN,

@@ -23,18 +23,23 @@ fn key(m: &Member) -> Key {
 #[derive(Debug)]
 pub(crate) struct Table {
     me: MemberId,
+    /// The address we publish: a static entry (no id) at it is us.
+    my_addr: String,
     members: BTreeMap<Key, Member>,
 }
 
 impl Table {
-    pub(crate) fn new(me: MemberId) -> Table {
-        Table { me, members: BTreeMap::new() }
+    /// The table of runtime `me`, published at `my_addr`.
+    pub(crate) fn new(me: MemberId, my_addr: String) -> Table {
+        Table { me, my_addr, members: BTreeMap::new() }
     }
 
     /// Take in a directory event; returns it when it is news (a first join, a leave of a
     /// member we had), `None` for a repeat, an update of an entry we have, or our own entry.
     pub(crate) fn apply(&mut self, ev: MemberEvent) -> Option<MemberEvent> {
-        if ev.member().id == Some(self.me) {
+        // Our own entry: by id, or (a static list, the same on every member) by our address.
+        let m = ev.member();
+        if m.id == Some(self.me) || (m.id.is_none() && m.addr == self.my_addr) {
             return None;
         }
         match ev {
@@ -104,7 +109,7 @@ mod tests {
 
     #[test]
     fn joins_once_and_leaves_once() {
-        let mut t = Table::new(MemberId(9));
+        let mut t = Table::new(MemberId(9), "127.0.0.1:9".into());
         let a = member(1, "a", 5);
         assert_eq!(t.apply(MemberEvent::Joined(a.clone())), Some(MemberEvent::Joined(a.clone())));
         assert_eq!(t.apply(MemberEvent::Joined(a.clone())), None, "a repeat is no news");
@@ -119,14 +124,21 @@ mod tests {
 
     #[test]
     fn ignores_itself() {
-        let mut t = Table::new(MemberId(9));
+        let mut t = Table::new(MemberId(9), "127.0.0.1:9".into());
         assert_eq!(t.apply(MemberEvent::Joined(member(9, "me", 1))), None);
+        let listed =
+            |addr: &str| Member { id: None, label: addr.into(), addr: addr.into(), ..member(0, "", 0) };
+        assert_eq!(t.apply(MemberEvent::Joined(listed("127.0.0.1:9"))), None, "our address on a static list");
         assert!(t.members().is_empty());
+        assert!(
+            t.apply(MemberEvent::Joined(listed("127.0.0.1:10"))).is_some(),
+            "another address is a member"
+        );
     }
 
     #[test]
     fn a_restarted_label_supersedes_its_old_entry() {
-        let mut t = Table::new(MemberId(9));
+        let mut t = Table::new(MemberId(9), "127.0.0.1:9".into());
         t.apply(MemberEvent::Joined(member(1, "db", 5)));
         t.apply(MemberEvent::Joined(member(2, "db", 8)));
         t.apply(MemberEvent::Joined(member(3, "web", 6)));
@@ -144,7 +156,7 @@ mod tests {
 
     #[test]
     fn static_entries_are_keyed_by_address() {
-        let mut t = Table::new(MemberId(9));
+        let mut t = Table::new(MemberId(9), "127.0.0.1:9".into());
         let mut s = member(0, "10.0.0.1:7000", 0);
         s.id = None;
         assert!(t.apply(MemberEvent::Joined(s.clone())).is_some());
