@@ -415,3 +415,48 @@ fn hellos_without_their_proofs_do_not_hold_the_slots() {
         });
     }
 }
+
+/// A stranger's hello, with no secret asked for, whose one lane address is `name`.
+fn hello_naming(provider: &str, name: &[u8]) -> Vec<u8> {
+    let mut v = hello_head(provider, rdmalane::PROTOCOL_VERSION);
+    v[46] = 0; // no secret
+    v.push(1);
+    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    v.extend_from_slice(name);
+    v
+}
+
+/// Where a runtime asks no secret, a stranger's lanes are opened on its hello alone, and its
+/// lane addresses go to the provider: an empty one, a short one, or one of another form must
+/// be refused, not read past. The server lives on and serves a real client.
+#[test]
+fn lane_addresses_that_are_not_whole_addresses_are_refused() {
+    for p in providers() {
+        bounded(60, async {
+            let srv = builder(p).build().expect("runtime");
+            let listener = srv.listen("127.0.0.1:0").await.expect("listen");
+            let addr = listener.local_addr().expect("addr").to_string();
+            let provider = srv.provider().to_string();
+            let shorts: [&[u8]; 4] = [b"", b"\x02", b"\x02\x00\x1f\x90", b"no terminating NUL at all"];
+            for name in shorts {
+                let mut s = TcpStream::connect(&addr).await.expect("connect");
+                s.write_all(&hello_naming(&provider, name)).await.expect("hello");
+                // Refused: the server closes the socket (after its own hello, if it got that far).
+                let mut sink = Vec::new();
+                let read = tokio::io::AsyncReadExt::read_to_end(&mut s, &mut sink);
+                let r = tokio::time::timeout(Duration::from_secs(10), read).await;
+                assert!(r.is_ok(), "{p}: a lane address of {name:?} was not refused within 10 s");
+            }
+            let client = builder(p).build().expect("runtime");
+            let (c, a) = tokio::join!(client.connect(addr.clone()), listener.accept());
+            let (c, a) = (c.expect("a real client connects"), a.expect("accept"));
+            let reply = a.recv(srv.alloc(8).expect("alloc")).start();
+            let mut m = client.alloc(8).expect("alloc");
+            m.copy_from_slice(b"still up");
+            c.send(m).await.0.expect("send");
+            let (n, got) = reply.await;
+            assert_eq!(n.expect("recv"), 8);
+            assert_eq!(&got[..8], b"still up");
+        });
+    }
+}

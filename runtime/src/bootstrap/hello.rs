@@ -232,6 +232,10 @@ impl HelloReader {
                 if len > MAX_NAME {
                     return Err(bad(format!("lane address of {len} bytes exceeds the limit of {MAX_NAME}")));
                 }
+                // No provider's address is empty (the transport checks the rest of its form).
+                if len == 0 {
+                    return Err(bad("an empty lane address".into()));
+                }
                 next_len = Some(len);
                 Field::Name
             }
@@ -247,7 +251,7 @@ impl HelloReader {
         self.need = next_len.unwrap_or_else(|| next.fixed());
         self.buf = Vec::with_capacity(self.need);
         if self.need == 0 {
-            // An empty provider name or lane address: complete as soon as it starts.
+            // An empty provider name: complete as soon as it starts.
             return self.field_done();
         }
         Ok(None)
@@ -301,6 +305,13 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_lane_address_is_refused() {
+        let bytes = sample(vec![vec![]], "tcp".into(), 1).encode();
+        let e = HelloReader::default().take(&bytes).unwrap_err();
+        assert!(e.detail.contains("empty lane address"), "{e:?}");
+    }
+
+    #[test]
     fn an_oversized_field_is_refused_before_it_is_read() {
         let mut bytes = sample(vec![vec![1]], "tcp".into(), 1).encode();
         // The provider length field sits after magic, version, id, nonce, flags and rails.
@@ -314,7 +325,7 @@ mod tests {
     proptest! {
         #[test]
         fn hellos_round_trip_in_any_pieces(
-            names in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..8),
+            names in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..300), 1..8),
             provider in "[a-z;_]{0,40}",
             rails in 1u8..=32,
             piece in 1usize..50,

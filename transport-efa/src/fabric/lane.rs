@@ -75,8 +75,40 @@ pub(super) fn open(t: &mut FabricTransport, rail: usize) -> Result<(LaneId, Vec<
         crate::shm_peers::opened(&buf);
     }
     let name = if shm { buf.clone() } else { Vec::new() };
-    Ok((LaneId(t.lanes.insert(Lane { ep, cq, fd, addr: None, rail, name, peer: None })), buf))
+    let own_len = buf.len();
+    Ok((LaneId(t.lanes.insert(Lane { ep, cq, fd, addr: None, rail, name, own_len, peer: None })), buf))
 }
+
+/// Whether `name`, a peer's lane address from its hello, is a whole address of the rail's
+/// format (`format`, our own lanes' addresses being `own_len` bytes): libfabric reads as many
+/// bytes as the format says, not as the peer sent, so a short or empty one would be read past.
+fn fits(format: u32, own_len: usize, name: &[u8]) -> Result<(), String> {
+    const AF_INET: u16 = libc::AF_INET as u16;
+    const AF_INET6: u16 = libc::AF_INET6 as u16;
+    let family = || name.get(..2).map(|f| u16::from_ne_bytes([f[0], f[1]]));
+    let sockaddr = |want: Option<u16>| match family() {
+        Some(f @ AF_INET) if want.is_none_or(|w| w == f) && name.len() == SOCKADDR_IN => Ok(()),
+        Some(f @ AF_INET6) if want.is_none_or(|w| w == f) && name.len() == SOCKADDR_IN6 => Ok(()),
+        f => Err(format!("{} bytes of address family {f:?} is no socket address of this rail", name.len())),
+    };
+    match format {
+        ffi::FI_SOCKADDR => sockaddr(None),
+        ffi::FI_SOCKADDR_IN => sockaddr(Some(AF_INET)),
+        ffi::FI_SOCKADDR_IN6 => sockaddr(Some(AF_INET6)),
+        // Read up to its terminating NUL.
+        ffi::FI_ADDR_STR if name.len() > 1 && name.iter().position(|&b| b == 0).is_some_and(|i| i > 0) => {
+            Ok(())
+        }
+        ffi::FI_ADDR_STR => Err(format!("{} bytes, not a NUL-terminated name", name.len())),
+        // A format of fixed size, ours.
+        _ if name.len() == own_len => Ok(()),
+        _ => Err(format!("{} bytes where this rail's addresses are {own_len}", name.len())),
+    }
+}
+
+/// `struct sockaddr_in`'s size, and `sockaddr_in6`'s.
+const SOCKADDR_IN: usize = std::mem::size_of::<libc::sockaddr_in>();
+const SOCKADDR_IN6: usize = std::mem::size_of::<libc::sockaddr_in6>();
 
 /// Point `lane` at a peer endpoint named `name` (its address from the peer's hello).
 pub(super) fn connect(
@@ -87,10 +119,17 @@ pub(super) fn connect(
     if !t.lanes.contains(lane.index()) {
         return Err(t.err(-(ffi::FI_EINVAL as i64), "connect_lane: no such lane"));
     }
+    let rail = t.lanes[lane.index()].rail;
+    // SAFETY: the rail's info list stays open while the transport lives.
+    let format = unsafe { (*t.rails[rail].info.0).addr_format };
+    let own_len = t.lanes[lane.index()].own_len;
+    if let Err(why) = fits(format, own_len, name) {
+        return Err(t.err(-(ffi::FI_EINVAL as i64), &format!("the peer's lane address: {why}")));
+    }
     let mut addr: ffi::fi_addr_t = 0;
-    let av = t.rails[t.lanes[lane.index()].rail].av;
-    // SAFETY: `name` is a peer address of this provider's format (the handshake checked the
-    // provider); libfabric copies it.
+    let av = t.rails[rail].av;
+    // SAFETY: `name` holds a whole address of this rail's format (`fits`: the bytes libfabric
+    // reads for it are all there); libfabric copies it.
     let n = unsafe { ffi::fi_av_insert(av, name.as_ptr() as *const _, 1, &mut addr, 0, ptr::null_mut()) };
     if n != 1 {
         return Err(t.err(if n < 0 { n as i64 } else { -(ffi::FI_EINVAL as i64) }, "fi_av_insert"));
@@ -188,5 +227,35 @@ unsafe fn drain(cq: *mut ffi::fid_cq) {
         let mut e = ffi::fi_cq_err_entry::default();
         // SAFETY: as above, one error entry into a zeroed struct we own.
         unsafe { ffi::fi_cq_readerr(cq, &mut e, 0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sockaddr(family: i32, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        v[..2].copy_from_slice(&(family as u16).to_ne_bytes());
+        v
+    }
+
+    #[test]
+    fn a_peer_address_must_be_whole_for_the_rails_format() {
+        let v4 = sockaddr(libc::AF_INET, SOCKADDR_IN);
+        let v6 = sockaddr(libc::AF_INET6, SOCKADDR_IN6);
+        assert!(fits(ffi::FI_SOCKADDR_IN, 16, &v4).is_ok());
+        assert!(fits(ffi::FI_SOCKADDR, 16, &v6).is_ok(), "either family where the format allows both");
+        assert!(fits(ffi::FI_SOCKADDR_IN6, 28, &v6).is_ok());
+        for bad in [vec![], vec![2], v4[..8].to_vec(), sockaddr(libc::AF_INET6, SOCKADDR_IN), v6.clone()] {
+            assert!(fits(ffi::FI_SOCKADDR_IN, 16, &bad).is_err(), "{bad:?}");
+        }
+        assert!(fits(ffi::FI_SOCKADDR, 16, &sockaddr(libc::AF_UNIX, 16)).is_err(), "another family");
+        assert!(fits(ffi::FI_ADDR_STR, 30, b"fi_shm://1234\0").is_ok());
+        for bad in [&b""[..], b"\0", b"fi_shm://1234"] {
+            assert!(fits(ffi::FI_ADDR_STR, 30, bad).is_err(), "{bad:?}");
+        }
+        assert!(fits(99, 32, &[1; 32]).is_ok(), "a fixed-size format: our own length");
+        assert!(fits(99, 32, &[1; 31]).is_err());
     }
 }

@@ -47,6 +47,8 @@ struct Lane {
     rail: usize,
     /// Its address, and its peer's (shm only: see `shm_peers`).
     name: Vec<u8>,
+    /// Its address's length (every provider): a peer's must fit the same format.
+    own_len: usize,
     peer: Option<Vec<u8>>,
 }
 
