@@ -2,6 +2,7 @@
 //! interface, errors, the sans-IO scheduler, control messages, descriptors, counters.
 pub(crate) mod batch;
 pub(crate) mod control;
+pub(crate) mod control_inbox;
 pub(crate) mod control_outbox;
 pub(crate) mod error;
 pub(crate) mod imm;

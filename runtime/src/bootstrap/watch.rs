@@ -8,6 +8,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::base::control::Ctl;
+use crate::base::control_inbox::Inbox;
 use crate::base::control_outbox::OutboxRx;
 use crate::base::transport::RailSet;
 use crate::runtime::{Runtime, Slots};
@@ -100,10 +101,12 @@ pub(super) fn watch_peer(
                 }
             }
         };
-        // The peer's message to the reactor it concerns; false once the runtime is gone.
-        let hand_on = |msg: Ctl| match weak.upgrade() {
+        // The peer's message to the reactor it concerns, holding its place in the inbox until
+        // handled; false once the runtime is gone.
+        let inbox = Inbox::new();
+        let hand_on = |msg: Ctl, credit| match weak.upgrade() {
             Some(rt) => {
-                rt.control(&slots, peer_id, msg);
+                rt.control(&slots, peer_id, msg, credit);
                 true
             }
             None => false,
@@ -139,7 +142,9 @@ pub(super) fn watch_peer(
                     }
                     Ok(Ok(Ok(msg))) => msg,
                 };
-                if !hand_on(msg) {
+                // With the peer's inbox full, read nothing more until the reactors catch up.
+                let credit = inbox.credit().await;
+                if !hand_on(msg, credit) {
                     return "runtime gone".to_string();
                 }
             }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::base::batch::Layout;
 use crate::base::control::Ctl;
+use crate::base::control_inbox::Credit;
 use crate::base::control_outbox::OutboxTx;
 use crate::base::error::{OpKind, TransportError};
 use crate::base::lane_map::LaneMap;
@@ -187,10 +188,12 @@ pub(crate) enum Cmd {
         slot: PeerSlot,
         reason: String,
     },
-    /// The peer in `slot` (runtime `peer_id`) sent a message on its control connection.
+    /// The peer in `slot` (runtime `peer_id`) sent a message on its control connection. The
+    /// credit, held until the message is handled, bounds what one peer has queued.
     Control {
         slot: PeerSlot,
         peer_id: u64,
         msg: Ctl,
+        credit: Option<Credit>,
     },
 }

@@ -365,7 +365,8 @@ impl Reactor {
             Cmd::CloseLanes { lanes } => lanes.iter().for_each(|&l| self.t.close_lane(l)),
             Cmd::RemovePeer { slot } => self.remove_peer(slot),
             Cmd::PeerLost { slot, reason } => self.peer_lost(slot, reason),
-            Cmd::Control { slot, peer_id, msg } => self.on_control(slot, peer_id, msg),
+            // The credit goes once the message is handled.
+            Cmd::Control { slot, peer_id, msg, credit: _credit } => self.on_control(slot, peer_id, msg),
         }
     }
 

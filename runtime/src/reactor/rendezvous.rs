@@ -91,8 +91,9 @@ pub(super) struct Rendezvous {
     outgoing_per_peer: HashMap<PeerSlot, usize>,
     /// Marker sends in the op path, by cell address: their completion is not the send's.
     markers: HashMap<usize, u32>,
-    /// Offers whose marker has not arrived, by (peer slot, token).
-    offers: HashMap<(PeerSlot, u32), RemoteBuf>,
+    /// Offers whose marker has not arrived, by peer slot and token (by peer first: each new
+    /// offer checks its peer's count).
+    offers: HashMap<PeerSlot, HashMap<u32, RemoteBuf>>,
     /// Receives whose marker arrived before the offer.
     waiting: HashMap<(PeerSlot, u32), Waiting>,
     /// Offers the peer withdrew before their marker arrived, newest last: the marker takes
@@ -256,7 +257,7 @@ impl Rendezvous {
         running: bool,
         out: &mut Outbox,
     ) {
-        match self.offers.remove(&(peer.slot, token)) {
+        match self.take_offer(peer.slot, token) {
             Some(desc) => self.pull(peer, token, desc, cell, seg, running, out),
             None if self.forget_withdrawn(peer.slot, token) => {
                 out.push(Action::Complete(cell, Err(self.withdrawn_error(peer))));
@@ -295,6 +296,16 @@ impl Rendezvous {
         }
     }
 
+    /// The peer's offer `token`, taken out.
+    fn take_offer(&mut self, slot: PeerSlot, token: u32) -> Option<RemoteBuf> {
+        let of_peer = self.offers.get_mut(&slot)?;
+        let desc = of_peer.remove(&token);
+        if of_peer.is_empty() {
+            self.offers.remove(&slot);
+        }
+        desc
+    }
+
     /// The peer offers a message of its own for us to read.
     pub(super) fn on_offer(
         &mut self,
@@ -306,18 +317,18 @@ impl Rendezvous {
     ) {
         match self.waiting.remove(&(peer.slot, token)) {
             Some(w) => self.pull(peer, token, desc, w.cell, w.seg, running, out),
-            None if self.offers.keys().filter(|(s, _)| *s == peer.slot).count() >= MAX_OFFERS => {
+            None if self.offers.get(&peer.slot).map_or(0, HashMap::len) >= MAX_OFFERS => {
                 out.push(Action::DropPeer(peer.slot, format!("more than {MAX_OFFERS} offers outstanding")));
             }
             None => {
-                self.offers.insert((peer.slot, token), desc);
+                self.offers.entry(peer.slot).or_default().insert(token, desc);
             }
         }
     }
 
     /// The peer withdrew an offer: its post of the marker failed.
     pub(super) fn on_withdrawn(&mut self, peer: PeerRef<'_>, token: u32, out: &mut Outbox) {
-        if self.offers.remove(&(peer.slot, token)).is_some() {
+        if self.take_offer(peer.slot, token).is_some() {
             // Its marker may still be on its way although the sender saw the post fail.
             let kept = self.withdrawn.entry(peer.slot).or_default();
             if kept.len() == WITHDRAWN_KEPT {
@@ -421,7 +432,7 @@ impl Rendezvous {
         for t in tokens {
             self.finish_send(t, Err(why(OpKind::Send)), out);
         }
-        self.offers.retain(|(s, _), _| *s != slot);
+        self.offers.remove(&slot);
         self.withdrawn.remove(&slot);
         let waiting: Vec<(PeerSlot, u32)> =
             self.waiting.keys().filter(|(s, _)| *s == slot).copied().collect();
@@ -561,7 +572,7 @@ mod tests {
         let mut out = Outbox::new();
         let desc = RemoteBuf::new(0, 4096, 64, &[1], Access::READ);
         r.on_offer(peer(&l), 8, desc, true, &mut out);
-        assert_eq!(r.offers.len(), 1);
+        assert_eq!(r.offers.values().map(HashMap::len).sum::<usize>(), 1);
         r.on_withdrawn(peer(&l), 8, &mut out);
         assert!(r.offers.is_empty() && out.is_empty(), "the offer is forgotten");
 

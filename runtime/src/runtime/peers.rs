@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::{Lane, Runtime, Slots};
 use crate::base::control::Ctl;
+use crate::base::control_inbox::Credit;
 use crate::base::control_outbox::OutboxTx;
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::lane_map::LaneMap;
@@ -133,21 +134,25 @@ impl Runtime {
     /// the reactor it concerns: an answer to a question goes to the group that asked (named
     /// in the token's high bits), a peer's sleep to every group (any may post to the rails
     /// it names), a kick to the groups serving the rails it names, the rest to the first
-    /// group (which keeps messages and answers questions about our memory).
-    pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl) {
+    /// group (which keeps messages and answers questions about our memory). `credit` is the
+    /// message's place in the peer's inbox, held until it is handled (a sleep or kick, which
+    /// the connection passes on only once per announcement of ours, goes without).
+    pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl, credit: Credit) {
         let to = match &msg {
             Ctl::Asleep { .. } if slots.by_group.len() > 1 => {
                 return self.each_slot(&slots.by_group, |slot| Cmd::Control {
                     slot,
                     peer_id,
                     msg: msg.clone(),
+                    credit: None,
                 });
             }
             Ctl::Kick { rails } if slots.by_group.len() > 1 => {
                 for (group, slot) in self.inner.groups.iter().zip(&slots.by_group) {
                     let mine = rails.and(RailSet::of(group.rails.iter().copied()));
                     if let (Some(slot), false) = (*slot, mine.is_empty()) {
-                        let _ = group.send(Cmd::Control { slot, peer_id, msg: Ctl::Kick { rails: mine } });
+                        let msg = Ctl::Kick { rails: mine };
+                        let _ = group.send(Cmd::Control { slot, peer_id, msg, credit: None });
                     }
                 }
                 return;
@@ -156,7 +161,7 @@ impl Runtime {
             _ => GroupId::FIRST,
         };
         if let Some(slot) = slots.of(to) {
-            let _ = self.group(to).send(Cmd::Control { slot, peer_id, msg });
+            let _ = self.group(to).send(Cmd::Control { slot, peer_id, msg, credit: Some(credit) });
         }
     }
 }
