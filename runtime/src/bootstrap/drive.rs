@@ -14,7 +14,7 @@ use super::handshake::{Handshake, Local, Next};
 use super::hello::MAX_NAME;
 use super::watch::{watch_peer, LossSwitch};
 use crate::base::control_outbox;
-use crate::base::error::Error;
+use crate::base::error::{Error, OpKind};
 use crate::base::refusal::{Failure, RefusalReason};
 use crate::endpoint::Endpoint;
 use crate::runtime::{Lane, Runtime, Slots};
@@ -97,12 +97,18 @@ pub(super) struct LanesGuard<'a> {
 
 impl<'a> LanesGuard<'a> {
     /// Open `n` lanes for a peer: the guard and the lanes' addresses.
-    pub(super) fn open(
+    pub(super) async fn open(
         rt: &'a Runtime,
         peer: &str,
         n: usize,
     ) -> Result<(LanesGuard<'a>, Vec<Vec<u8>>), Error> {
-        let (lanes, names) = rt.open_lanes(peer, n)?.into_iter().unzip();
+        let (mine, undo, peer) = (rt.clone(), rt.clone(), peer.to_string());
+        let opened = off_worker(
+            move || mine.open_lanes(&peer, n),
+            move |lanes: Vec<(Lane, Vec<u8>)>| undo.close_lanes(lanes.into_iter().map(|(l, _)| l).collect()),
+        )
+        .await?;
+        let (lanes, names) = opened.into_iter().unzip();
         Ok((LanesGuard { rt, lanes }, names))
     }
 
@@ -117,6 +123,25 @@ impl Drop for LanesGuard<'_> {
             self.rt.close_lanes(self.take());
         }
     }
+}
+
+/// Run `work`, a call that waits for a reactor's answer, on a blocking thread: opening a lane
+/// takes the reactor tens of milliseconds on some providers (tcp;ofi_rxm's endpoint), which
+/// would stall every task of a current-thread runtime (and a worker of any other) meanwhile.
+/// Should the handshake be gone by the time it returns (timed out, dropped), `undo` takes back
+/// what it made.
+async fn off_worker<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+    undo: impl FnOnce(T) + Send + 'static,
+) -> Result<T, Error> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        if let Err(Ok(made)) = tx.send(work()) {
+            undo(made);
+        }
+    });
+    // The sender goes unanswered only where `work` panicked.
+    rx.await.unwrap_or(Err(Error::Shutdown { op: OpKind::Connect }))
 }
 
 /// A peer added during a handshake, removed on drop unless handed on to its endpoint.
@@ -193,7 +218,7 @@ pub(super) async fn drive(
                 }
             }
             Next::OpenLanes(n) => {
-                let (lanes, names) = LanesGuard::open(rt, &peer, n).map_err(DriveError::Runtime)?;
+                let (lanes, names) = LanesGuard::open(rt, &peer, n).await.map_err(DriveError::Runtime)?;
                 opened = lanes;
                 hs.lanes_opened(names);
             }
@@ -203,9 +228,14 @@ pub(super) async fn drive(
                 let (ctl, rx) = control_outbox::outbox();
                 outbox = Some(rx);
                 // A failed add closes the lanes itself: the guard lets go of them first.
-                let slots = rt
-                    .add_peer(them.id, opened.take(), them.names.clone(), them.map(), label.clone(), ctl)
-                    .map_err(DriveError::Runtime)?;
+                let (mine, undo, lanes) = (rt.clone(), rt.clone(), opened.take());
+                let (id, names, map, l) = (them.id, them.names.clone(), them.map(), label.clone());
+                let slots = off_worker(
+                    move || mine.add_peer(id, lanes, names, map, l, ctl),
+                    move |slots: Slots| undo.remove_peer(&slots),
+                )
+                .await
+                .map_err(DriveError::Runtime)?;
                 added.slots = Some(slots);
                 hs.peer_added();
             }

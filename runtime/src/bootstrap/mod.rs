@@ -61,7 +61,7 @@ impl Runtime {
         let limit = self.connect_timeout();
         let io = |e| Error::Io { op: OpKind::Connect, peer: label.as_str().into(), source: e };
         let attempt = async {
-            let (opened, names) = LanesGuard::open(self, &label, lanes)?;
+            let (opened, names) = LanesGuard::open(self, &label, lanes).await?;
             let stream = TcpStream::connect(addr).await.map_err(io)?;
             let peer = stream.peer_addr().map_err(io)?;
             drive(self, stream, peer, Side::Connect(opened, names)).await.map_err(|e| match e {
