@@ -89,6 +89,29 @@ fn ops_on_shared_and_sliced_registered_buffers_reach_the_runtime_through_them() 
 }
 
 #[test]
+fn memory_shared_read_only_is_exposed_for_reads_alone() {
+    // `expose` takes only memory peers may change (`IoBufMut`); bytes shared read-only go
+    // through `expose_read`, whose descriptor no peer can write through.
+    for p in providers() {
+        bounded(60, async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, _ba) = pair(&a, &b).await;
+            let want = pattern(4096, 21);
+            let shared = b.register_shared(bytes::Bytes::from(want.clone())).expect("register");
+            let exposed = b.expose_read(shared).expect("expose for reads");
+            assert_eq!(exposed.descriptor().access(), Access::READ);
+            let remote = exposed.descriptor();
+            let (r, read) = ab.read_remote(a.alloc(4096).unwrap(), &remote).await;
+            assert_eq!(r.unwrap_or_else(|e| panic!("{p}: read: {e}")), 4096);
+            assert!(read[..] == want[..], "{p}: the shared bytes");
+            let (r, _) = ab.write_remote(a.alloc(4096).unwrap(), &remote).await;
+            assert!(r.is_err(), "{p}: a write through a read-only descriptor");
+            assert!(exposed.as_slice() == &want[..], "{p}: the shared bytes are unchanged");
+        });
+    }
+}
+
+#[test]
 fn send_and_recv_carry_messages_of_every_size() {
     for p in providers() {
         bounded(60, async {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdmalane::backend::{Access, Completion, PostError, WrKind};
-use rdmalane::IoBuf;
+use rdmalane::{IoBuf, IoBufMut};
 
 use crate::cli::{Common, Engine, MemoryArg};
 use crate::conn::{serve_each, with_server, BoxErr, CpuMeter, RawConn, RtConn};
@@ -137,7 +137,7 @@ fn rt_server(c: &mut RtConn, a: &Common) -> Result<f64, BoxErr> {
     }
 }
 
-fn rt_server_on<B: IoBuf>(c: &mut RtConn, buf: B) -> Result<f64, BoxErr> {
+fn rt_server_on<B: IoBufMut>(c: &mut RtConn, buf: B) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
         let total = ep.recv(rt.alloc(8)?).await;

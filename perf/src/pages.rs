@@ -7,7 +7,7 @@ use std::time::Instant;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use rdmalane::{Access, IoBuf, Pieces};
+use rdmalane::{Access, IoBuf, IoBufMut, Pieces};
 
 use crate::cli::{MemoryArg, PagesArgs};
 use crate::conn::{build_rt_with, serve_each, BoxErr, CpuMeter, RtConn, RtServer};
@@ -145,7 +145,7 @@ fn serve_one(p: &PagesArgs, pages: usize, c: &RtConn) -> Result<f64, BoxErr> {
     }
 }
 
-fn serve_on<B: IoBuf>(p: &PagesArgs, pages: usize, c: &RtConn, buf: B) -> Result<f64, BoxErr> {
+fn serve_on<B: IoBufMut>(p: &PagesArgs, pages: usize, c: &RtConn, buf: B) -> Result<f64, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
     rt.block_on(async {
         let target = rt.expose(buf, Access::WRITE)?;

@@ -3,7 +3,7 @@ use std::fmt;
 use std::ops::{Bound, RangeBounds};
 
 use super::staging::CopyDir;
-use super::IoBuf;
+use super::{IoBuf, IoBufMut};
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::memory::DeviceMem;
 use crate::base::remote::bounds;
@@ -157,8 +157,21 @@ impl<B: IoBuf> fmt::Debug for ExposedBuf<B> {
 
 impl Runtime {
     /// Let peers reach `buf` with the given access; the result carries the descriptor to hand
-    /// them.
-    pub fn expose<B: IoBuf>(&self, buf: B, access: Access) -> Result<ExposedBuf<B>> {
+    /// them. Peers may write it, so it must be memory this side may have changed under it
+    /// ([`IoBufMut`]); memory shared read-only (a [`SharedBuf`](crate::SharedBuf), an `Arc`)
+    /// goes through [`expose_read`](Self::expose_read):
+    ///
+    /// ```compile_fail
+    /// # fn f(rt: rdmalane::Runtime, shared: rdmalane::SharedBuf) {
+    /// let _ = rt.expose(shared, rdmalane::Access::WRITE); // a peer could write immutable bytes
+    /// # }
+    /// ```
+    pub fn expose<B: IoBufMut>(&self, buf: B, access: Access) -> Result<ExposedBuf<B>> {
         ExposedBuf::new(self, buf, access)
+    }
+
+    /// Let peers read `buf`, which may be memory shared read-only: no peer can write it.
+    pub fn expose_read<B: IoBuf>(&self, buf: B) -> Result<ExposedBuf<B>> {
+        ExposedBuf::new(self, buf, Access::READ)
     }
 }
