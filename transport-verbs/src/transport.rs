@@ -581,10 +581,13 @@ impl Transport for VerbsTransport {
         }
         // SAFETY: ibv_sge is plain data.
         let mut sges: [rdma_sys::ibv_sge; MAX_SGE] = unsafe { std::mem::zeroed() };
+        // Saturating: lengths come from `IoBuf`s, which applications may implement; a sum past
+        // the port's message size (a segment over 4 GiB included, whose `u32` below would be
+        // cut short) is refused before anything is posted.
         let mut total = 0usize;
         for (s, l) in sges.iter_mut().zip(wr.local) {
             *s = rdma_sys::ibv_sge { addr: l.ptr as u64, length: l.len as u32, lkey: l.desc as u32 };
-            total += l.len;
+            total = total.saturating_add(l.len);
         }
         if total > self.caps.max_msg_size {
             return Err(PostError::failed(plain(
