@@ -322,7 +322,12 @@ pub trait Transport: Send {
     /// Register `len` bytes at `ptr`.
     ///
     /// # Safety
-    /// The memory must stay allocated until `deregister(region.id)` has returned.
+    /// Memory registered with remote access must stay allocated until `deregister(region.id)`
+    /// has returned: a peer may reach it until then. Memory registered for local use alone
+    /// may be freed once no posted request names it any more, before its deregistration has
+    /// run (a dropped `RegisteredBuf` does so: the deregistration is queued to the reactor).
+    /// A transport must then neither read nor write the memory on its own (the pages a NIC
+    /// pinned stay pinned until the deregistration, whatever the allocator does with them).
     unsafe fn register(
         &mut self,
         ptr: *mut u8,

@@ -134,7 +134,8 @@ fn free(ptr: NonNull<u8>, storage: &Storage) {
 impl Drop for RegisteredBuf {
     fn drop(&mut self) {
         // Local-only memory: no peer can reach it and no op of ours owns it (ops own the buffer
-        // itself), so the memory may go before the deregistration is processed.
+        // itself), so the memory may go before the deregistration is processed, as
+        // `Transport::register` allows for local registrations.
         self.reg.rt.release_region(self.reg.mr.id, None);
         free(self.ptr, &self.reg.storage);
     }
