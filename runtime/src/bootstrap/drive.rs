@@ -16,6 +16,7 @@ use super::watch::{watch_peer, LossSwitch};
 use crate::base::control_outbox;
 use crate::base::error::{Error, OpKind};
 use crate::base::refusal::{Failure, RefusalReason};
+use crate::driver::inline;
 use crate::endpoint::Endpoint;
 use crate::runtime::{Lane, Runtime, Slots};
 
@@ -104,6 +105,7 @@ impl<'a> LanesGuard<'a> {
     ) -> Result<(LanesGuard<'a>, Vec<Vec<u8>>), Error> {
         let (mine, undo, peer) = (rt.clone(), rt.clone(), peer.to_string());
         let opened = off_worker(
+            rt,
             move || mine.open_lanes(&peer, n),
             move |lanes: Vec<(Lane, Vec<u8>)>| undo.close_lanes(lanes.into_iter().map(|(l, _)| l).collect()),
         )
@@ -125,23 +127,46 @@ impl Drop for LanesGuard<'_> {
     }
 }
 
-/// Run `work`, a call that waits for a reactor's answer, on a blocking thread: opening a lane
-/// takes the reactor tens of milliseconds on some providers (tcp;ofi_rxm's endpoint), which
-/// would stall every task of a current-thread runtime (and a worker of any other) meanwhile.
-/// Should the handshake be gone by the time it returns (timed out, dropped), `undo` takes back
-/// what it made.
-async fn off_worker<T: Send + 'static>(
+/// Run `work`, a call on runtime `rt` that waits for its reactor's answer, on a blocking
+/// thread: opening a lane takes the reactor tens of milliseconds on some providers
+/// (tcp;ofi_rxm's endpoint), which would stall every task of a current-thread runtime (and a
+/// worker of any other) meanwhile. Should the handshake be gone by the time it returns (timed
+/// out, dropped), `undo` takes back what it made. Where this thread holds the reactor itself
+/// (a `block_on` waiting on the handshake), only this thread can turn it: `work` runs here.
+async fn off_worker<T: Send + 'static, U: FnOnce(T) + Send + Clone + 'static>(
+    rt: &Runtime,
     work: impl FnOnce() -> Result<T, Error> + Send + 'static,
-    undo: impl FnOnce(T) + Send + 'static,
+    undo: U,
 ) -> Result<T, Error> {
+    if inline::holds(rt.id()) {
+        return work();
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
+    let mut waiting = Waiting { rx, undo: Some(undo.clone()) };
     tokio::task::spawn_blocking(move || {
         if let Err(Ok(made)) = tx.send(work()) {
             undo(made);
         }
     });
     // The sender goes unanswered only where `work` panicked.
-    rx.await.unwrap_or(Err(Error::Shutdown { op: OpKind::Connect }))
+    (&mut waiting.rx).await.unwrap_or(Err(Error::Shutdown { op: OpKind::Connect }))
+}
+
+/// The handshake's end of an [`off_worker`] call: dropped before it took the answer (the
+/// handshake timed out, or was dropped), it takes back what the answer made.
+struct Waiting<T, U: FnOnce(T)> {
+    rx: tokio::sync::oneshot::Receiver<Result<T, Error>>,
+    undo: Option<U>,
+}
+
+impl<T, U: FnOnce(T)> Drop for Waiting<T, U> {
+    fn drop(&mut self) {
+        // Closed first: from here the worker's send fails, and it undoes what it made itself.
+        self.rx.close();
+        if let (Ok(Ok(made)), Some(undo)) = (self.rx.try_recv(), self.undo.take()) {
+            undo(made);
+        }
+    }
 }
 
 /// A peer added during a handshake, removed on drop unless handed on to its endpoint.
@@ -231,6 +256,7 @@ pub(super) async fn drive(
                 let (mine, undo, lanes) = (rt.clone(), rt.clone(), opened.take());
                 let (id, names, map, l) = (them.id, them.names.clone(), them.map(), label.clone());
                 let slots = off_worker(
+                    rt,
                     move || mine.add_peer(id, lanes, names, map, l, ctl),
                     move |slots: Slots| undo.remove_peer(&slots),
                 )

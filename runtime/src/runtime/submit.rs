@@ -104,7 +104,10 @@ impl Runtime {
             // very thread (a `block_on` keeps it through its future's polls): turn it ourselves.
             let turned = match &self.inner.inline {
                 Some(slot) => {
-                    slot.with(self.inner.id, Reactor::turn);
+                    // Held by another thread's `block_on`, which turns it: let it run.
+                    if slot.with(self.inner.id, Reactor::turn).is_none() {
+                        std::thread::yield_now();
+                    }
                     true
                 }
                 None => g == GroupId::FIRST && with_held(self.inner.id, (), |r, ()| r.turn()).is_ok(),
