@@ -309,7 +309,10 @@ fn a_member_cut_off_past_its_lease_does_not_take_its_label_back() {
         // b's lease goes (cut off from etcd past its TTL); b publishes again, its key made anew.
         let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
         let key = format!("{pre}/members/{}", id(&rb));
-        let lease = client.get(key, None).await.expect("get").kvs()[0].lease();
+        let first = client.get(key.clone(), None).await.expect("get");
+        let value = String::from_utf8_lossy(first.kvs()[0].value()).to_string();
+        assert!(!value.contains("since"), "an entry first published carries no since: {value}");
+        let lease = first.kvs()[0].lease();
         client.lease_revoke(lease).await.expect("revoke");
         match next(&mut events, 5, "b's lease gone").await {
             MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
@@ -319,6 +322,10 @@ fn a_member_cut_off_past_its_lease_does_not_take_its_label_back() {
             MemberEvent::Joined(m) => assert_eq!(m.id, Some(id(&rb))),
             ev => panic!("expected b to publish again, saw {ev:?}"),
         }
+        let again = client.get(key, None).await.expect("get");
+        let value = String::from_utf8_lossy(again.kvs()[0].value()).to_string();
+        let want = format!("\"since\":{}", first.kvs()[0].create_revision());
+        assert!(value.contains(&want), "the entry made anew carries its first revision: {value}");
         // (Led to b instead, c would wait to accept for good.)
         let (ea, ec) = tokio::time::timeout(Duration::from_secs(5), async {
             tokio::join!(a.connect_label("svc"), c.accept())

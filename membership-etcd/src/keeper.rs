@@ -271,7 +271,19 @@ impl Keeper {
         }
         let options = PutOptions::new().with_lease(self.lease.expect("granted above")).with_prev_key();
         let key = entry::key(&self.opts.prefix, me.id.expect("a published member has an id"));
-        let resp = call(limit, client.put(key, entry::encode(&me, self.since), Some(options))).await?;
+        // `since` goes into the entry only where the key is not the one first published (it
+        // was deleted, and this put makes it anew): an entry that never needs it stays
+        // readable by a version that refuses fields it does not know.
+        let since = match self.since {
+            Some(first) => {
+                let at =
+                    call(limit, client.get(key.clone(), Some(GetOptions::new().with_keys_only()))).await?;
+                let created = at.kvs().first().and_then(|kv| u64::try_from(kv.create_revision()).ok());
+                (created != Some(first)).then_some(first)
+            }
+            None => None,
+        };
+        let resp = call(limit, client.put(key, entry::encode(&me, since), Some(options))).await?;
         if self.since.is_none() {
             // The key's create revision: the put's own where it made the key.
             let created = match resp.prev_key() {
@@ -375,51 +387,79 @@ async fn listing(client: &mut Client, folder: &str, limit: Duration) -> Result<(
     let mut from = folder.as_bytes().to_vec();
     let mut revision = 0;
     let mut out = Vec::new();
+    let whole = |kv: &etcd_client::KeyValue| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision());
     loop {
+        // Every page at the first one's revision: one consistent listing.
         let at = |o: GetOptions| if revision > 0 { o.with_revision(revision) } else { o };
         let page = at(GetOptions::new().with_range(end.clone()).with_limit(PAGE));
-        let (kvs, more, rev) = match call(limit, client.get(from.clone(), Some(page))).await {
+        let (kvs, more, last, rev) = match read(limit, client.get(from.clone(), Some(page))).await {
             Ok(r) => {
-                let kvs: Vec<Kv> = r
-                    .kvs()
-                    .iter()
-                    .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision()))
-                    .collect();
-                (kvs, r.more(), r.header().map_or(0, |h| h.revision()))
+                let last = r.kvs().last().map(|kv| kv.key().to_vec());
+                (
+                    r.kvs().iter().map(whole).collect::<Vec<Kv>>(),
+                    r.more(),
+                    last,
+                    r.header().map_or(0, |h| h.revision()),
+                )
             }
-            Err(whole) => {
+            // Only a reply too large for the client is read again a key at a time; any other
+            // failure ends the listing (a listing that skipped a live member would report it
+            // gone).
+            Err(Read::TooLarge(why)) => {
                 let keys = at(GetOptions::new().with_range(end.clone()).with_limit(PAGE).with_keys_only());
                 let r = call(limit, client.get(from.clone(), Some(keys))).await?;
-                let rev = r.header().map_or(0, |h| h.revision());
+                let rev = if revision > 0 { revision } else { r.header().map_or(0, |h| h.revision()) };
                 let mut kvs = Vec::new();
                 for k in r.kvs() {
-                    let one = GetOptions::new().with_revision(rev);
-                    match call(limit, client.get(k.key(), Some(one))).await {
-                        Ok(v) => kvs.extend(
-                            v.kvs()
-                                .iter()
-                                .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.create_revision())),
+                    match read(limit, client.get(k.key(), Some(GetOptions::new().with_revision(rev)))).await {
+                        Ok(v) => kvs.extend(v.kvs().iter().map(whole)),
+                        Err(Read::TooLarge(alone)) => tracing::warn!(
+                            key = %String::from_utf8_lossy(k.key()), why = %alone, page = %why,
+                            "ignoring an entry in the cluster's prefix too large to read"
                         ),
-                        Err(why) => tracing::warn!(
-                            key = %String::from_utf8_lossy(k.key()), %why, page = %whole,
-                            "ignoring an entry in the cluster's prefix that cannot be read"
-                        ),
+                        Err(Read::Failed(e)) => return Err(e),
                     }
                 }
-                (kvs, r.more(), rev)
+                (kvs, r.more(), r.kvs().last().map(|kv| kv.key().to_vec()), rev)
             }
+            Err(Read::Failed(e)) => return Err(e),
         };
         if revision == 0 {
             revision = rev;
         }
-        let Some(last) = kvs.last().map(|(k, _, _)| k.clone()) else { return Ok((revision, out)) };
         out.extend(kvs);
-        if !more {
-            return Ok((revision, out));
+        match (more, last) {
+            // The next page starts just past the last key of this one.
+            (true, Some(mut next)) => {
+                next.push(0);
+                from = next;
+            }
+            _ => return Ok((revision, out)),
         }
-        // The next page starts just past the last key read.
-        from = last;
-        from.push(0);
+    }
+}
+
+/// How a read failed: with a reply larger than the client takes (gRPC's "out of range" or
+/// "resource exhausted"), or otherwise.
+enum Read {
+    TooLarge(String),
+    Failed(String),
+}
+
+/// A read of the directory within `limit`, its failures told apart (see [`Read`]).
+async fn read<T>(
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, Read> {
+    // gRPC's codes RESOURCE_EXHAUSTED and OUT_OF_RANGE.
+    const TOO_LARGE: [i32; 2] = [8, 11];
+    match tokio::time::timeout(limit, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(etcd_client::Error::GRpcStatus(s))) if TOO_LARGE.contains(&(s.code() as i32)) => {
+            Err(Read::TooLarge(s.to_string()))
+        }
+        Ok(Err(e)) => Err(Read::Failed(e.to_string())),
+        Err(_) => Err(Read::Failed(format!("no answer within {} ms", limit.as_millis()))),
     }
 }
 
