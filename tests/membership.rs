@@ -56,6 +56,29 @@ async fn next(events: &mut rdmalane::membership::Events, secs: u64, what: &str) 
     }
 }
 
+/// `a` connects to `b` (runtime `rb`) by id, `b` accepts, and a write over the pair lands.
+async fn works_again(a: &Cluster, b: &Cluster, rb: &Runtime, seed: u64) {
+    let (ea, eb) = tokio::join!(a.connect(id(rb)), b.accept());
+    let link = Link::new(ea.expect("connect again"), eb.expect("accept")).await;
+    link.write(seed).await.expect("b works again");
+}
+
+/// The next event within `secs` is `id` leaving.
+async fn left(events: &mut rdmalane::membership::Events, secs: u64, what: &str, id: MemberId) {
+    match next(events, secs, what).await {
+        MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id), "{what}"),
+        ev => panic!("{what}: expected {id} to leave, saw {ev:?}"),
+    }
+}
+
+/// The next event within `secs` is `id` joining.
+async fn joined(events: &mut rdmalane::membership::Events, secs: u64, what: &str, id: MemberId) {
+    match next(events, secs, what).await {
+        MemberEvent::Joined(m) => assert_eq!(m.id, Some(id), "{what}"),
+        ev => panic!("{what}: expected {id} to join, saw {ev:?}"),
+    }
+}
+
 /// `b` exposes 64 KiB to `a` over their endpoints; `a` writes a pattern into it and `b`'s
 /// memory is checked: the pair works.
 struct Link {
@@ -134,10 +157,7 @@ fn a_clean_leave_is_seen_at_once_and_loses_its_endpoints() {
 
         let t0 = Instant::now();
         b.leave().await.expect("leave");
-        match next(&mut events, 5, "the leave").await {
-            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
-            ev => panic!("expected b to leave, saw {ev:?}"),
-        }
+        left(&mut events, 5, "the leave", id(&rb)).await;
         // A revoked lease is seen at once, not after its TTL.
         assert!(t0.elapsed() < TTL, "seen {:?} after the leave", t0.elapsed());
         let t1 = Instant::now();
@@ -210,10 +230,7 @@ fn a_member_whose_lease_runs_out_is_lost_and_then_publishes_again() {
         let key = format!("{pre}/members/{}", id(&rb));
         let lease = client.get(key, None).await.expect("get").kvs()[0].lease();
         client.lease_revoke(lease).await.expect("revoke");
-        match next(&mut events, 5, "b's lease gone").await {
-            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
-            ev => panic!("expected b to leave, saw {ev:?}"),
-        }
+        left(&mut events, 5, "b's lease gone", id(&rb)).await;
         let e = loop {
             match link.write(2).await {
                 Err(e) => break e,
@@ -223,13 +240,8 @@ fn a_member_whose_lease_runs_out_is_lost_and_then_publishes_again() {
         assert!(e.is_peer_lost(), "the same typed error as a lost connection: {e}");
 
         // b notices at its next renewal and publishes again, under the same id.
-        match next(&mut events, 10, "b back").await {
-            MemberEvent::Joined(m) => assert_eq!(m.id, Some(id(&rb))),
-            ev => panic!("expected b to join again, saw {ev:?}"),
-        }
-        let (ea, eb) = tokio::join!(a.connect(id(&rb)), b.accept());
-        let again = Link::new(ea.expect("connect again"), eb.expect("accept")).await;
-        again.write(3).await.expect("b works again");
+        joined(&mut events, 10, "b back", id(&rb)).await;
+        works_again(&a, &b, &rb, 3).await;
     });
 }
 
@@ -244,17 +256,9 @@ fn a_member_whose_entry_is_deleted_under_a_live_lease_publishes_again() {
         // An operator clears the entry; b's lease lives on.
         let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
         client.delete(format!("{pre}/members/{}", id(&rb)), None).await.expect("delete");
-        match next(&mut events, 5, "b's entry gone").await {
-            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
-            ev => panic!("expected b to leave, saw {ev:?}"),
-        }
-        match next(&mut events, 5, "b back").await {
-            MemberEvent::Joined(m) => assert_eq!(m.id, Some(id(&rb))),
-            ev => panic!("expected b to publish again, saw {ev:?}"),
-        }
-        let (ea, eb) = tokio::join!(a.connect(id(&rb)), b.accept());
-        let link = Link::new(ea.expect("connect"), eb.expect("accept")).await;
-        link.write(1).await.expect("b works again");
+        left(&mut events, 5, "b's entry gone", id(&rb)).await;
+        joined(&mut events, 5, "b back", id(&rb)).await;
+        works_again(&a, &b, &rb, 1).await;
     });
 }
 
@@ -314,14 +318,8 @@ fn a_member_cut_off_past_its_lease_does_not_take_its_label_back() {
         assert!(!value.contains("since"), "an entry first published carries no since: {value}");
         let lease = first.kvs()[0].lease();
         client.lease_revoke(lease).await.expect("revoke");
-        match next(&mut events, 5, "b's lease gone").await {
-            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
-            ev => panic!("expected b to leave, saw {ev:?}"),
-        }
-        match next(&mut events, 10, "b back").await {
-            MemberEvent::Joined(m) => assert_eq!(m.id, Some(id(&rb))),
-            ev => panic!("expected b to publish again, saw {ev:?}"),
-        }
+        left(&mut events, 5, "b's lease gone", id(&rb)).await;
+        joined(&mut events, 10, "b back", id(&rb)).await;
         let again = client.get(key, None).await.expect("get");
         let value = String::from_utf8_lossy(again.kvs()[0].value()).to_string();
         let want = format!("\"since\":{}", first.kvs()[0].create_revision());
@@ -350,10 +348,7 @@ fn a_handshake_accepted_after_its_member_left_is_lost_at_once() {
         // b connects; a has not accepted yet when b leaves.
         let eb = b.connect_label("a").await.expect("b connects");
         b.leave().await.expect("leave");
-        match next(&mut events, 5, "the leave").await {
-            MemberEvent::Left { member, .. } => assert_eq!(member.id, Some(id(&rb))),
-            ev => panic!("expected b to leave, saw {ev:?}"),
-        }
+        left(&mut events, 5, "the leave", id(&rb)).await;
         let ea = a.accept().await.expect("the handshake was made");
         assert_eq!(ea.peer_id(), rb.id());
         let (res, _) = tokio::time::timeout(Duration::from_secs(5), ea.recv(ra.alloc(64).expect("alloc")))
