@@ -64,10 +64,7 @@ async fn call<T>(
     limit: Duration,
     f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(limit, f).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
-    }
+    read(limit, f).await.map_err(|(Read::TooLarge(why) | Read::Failed(why))| why)
 }
 
 /// A client that has answered a status request.
@@ -218,11 +215,7 @@ impl Keeper {
                         }
                     }
                 },
-                _ = tick.tick(), if keeper.is_some() => {
-                    if let Some((k, _)) = keeper.as_mut() {
-                        k.keep_alive().await.map_err(|e| format!("keep-alive: {e}"))?;
-                    }
-                }
+                _ = tick.tick(), if keeper.is_some() => renew(&mut keeper).await?,
                 r = renewed(&mut keeper) => match r? {
                     // etcd forgot the lease (it ran out while we could not renew it): publish
                     // again under a new one.
@@ -446,7 +439,7 @@ enum Read {
     Failed(String),
 }
 
-/// A read of the directory within `limit`, its failures told apart (see [`Read`]).
+/// A request to etcd within `limit`, its failures told apart (see [`Read`]).
 async fn read<T>(
     limit: Duration,
     f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
@@ -489,12 +482,16 @@ async fn renewing<T>(
     loop {
         tokio::select! {
             r = &mut f => return r,
-            _ = tick.tick(), if keeper.is_some() => {
-                if let Some((k, _)) = keeper.as_mut() {
-                    k.keep_alive().await.map_err(|e| format!("keep-alive: {e}"))?;
-                }
-            }
+            _ = tick.tick(), if keeper.is_some() => renew(keeper).await?,
         }
+    }
+}
+
+/// Ask etcd to renew the lease we keep (its answer comes on the keep-alive stream).
+async fn renew(keeper: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>) -> Result<(), String> {
+    match keeper {
+        Some((k, _)) => k.keep_alive().await.map_err(|e| format!("keep-alive: {e}")),
+        None => Ok(()),
     }
 }
 
