@@ -245,11 +245,22 @@ impl Reactor {
     /// peer's message lane alone, so beside an express rail a ping-pong leaves the peer's idle
     /// bulk reactor asleep (kicking it woke it for a spin window each nap: 87% of a core, and a
     /// control message on the path of each ping that kicked it).
+    #[inline]
     pub(super) fn kick_if_asleep(&mut self, slot: PeerSlot, one_sided: bool) {
-        let Some(p) = self.peers.get_mut(slot) else { return };
-        if matches!(p.state, PeerState::Live { asleep, .. } if asleep.is_empty()) {
-            return;
+        // Looked at inline: on a busy path the peer is awake, and the call would cost more
+        // than the look.
+        match self.peers.get(slot) {
+            Some(p) if !matches!(p.state, PeerState::Live { asleep, .. } if asleep.is_empty()) => {
+                self.kick(slot, one_sided)
+            }
+            _ => {}
         }
+    }
+
+    /// [`kick_if_asleep`](Self::kick_if_asleep) of a peer that may be asleep.
+    #[inline(never)]
+    fn kick(&mut self, slot: PeerSlot, one_sided: bool) {
+        let Some(p) = self.peers.get_mut(slot) else { return };
         let reached = p.reached(one_sided);
         if let PeerState::Live { asleep, .. } = &mut p.state {
             let due = asleep.and(reached);
