@@ -151,9 +151,15 @@ fn rt_server_on<B: IoBufMut>(c: &mut RtConn, buf: B) -> Result<f64, BoxErr> {
         // raises the events first), and a staged buffer's writes sit in its mirror. The
         // documented sync, inside the clock: what is measured is bytes in device memory.
         target.settle(..)?;
+        // The client says when its own writes have completed: leaving before that would close
+        // the connection under writes this side has seen land, whose completions the client
+        // is still waiting for (they fail then as the peer's loss).
+        let bye = ep.recv(rt.alloc(8)?).start();
         let (r, _) = ep.send(rt.alloc(8)?).await;
         r?;
-        Ok(cpu.pct())
+        let cpu = cpu.pct();
+        bye.await.0?;
+        Ok(cpu)
     })
 }
 
@@ -211,6 +217,8 @@ fn rt_client_on<B: IoBuf>(c: &mut RtConn, a: &Common, mut free: Vec<B>) -> Resul
         seen.await.0?;
         let secs = started.map_or(0.0, |s| s.elapsed().as_secs_f64());
         let cpu_pct = cpu.pct();
+        // Every write has completed here too: the server may go.
+        ep.send(rt.alloc(8)?).await.0?;
         progress.done();
         Ok(Outcome { provider: rt.provider().to_string(), secs, cpu_pct, path: None })
     })
