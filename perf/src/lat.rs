@@ -541,11 +541,28 @@ impl Samples {
     }
 
     fn scaled(&self, clock: &Cycles, by: f64) -> Result<Histogram<u64>, BoxErr> {
+        self.dump(clock);
         let mut h = Histogram::<u64>::new(3)?;
         for &d in &self.0 {
             h.record((clock.ns(d as f64) * by) as u64)?;
         }
         Ok(h)
+    }
+}
+
+impl Samples {
+    /// With `RDMALANE_PERF_SAMPLES=DIR`: every sample in ns, in the order taken, one per line,
+    /// in a file of its own under DIR. Says when a tail's slow rounds came (periodic work of
+    /// ours, or the host's), which a histogram cannot.
+    fn dump(&self, clock: &Cycles) {
+        let Some(dir) = std::env::var_os("RDMALANE_PERF_SAMPLES") else { return };
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::path::Path::new(&dir).join(format!("samples-{}-{seq}.txt", std::process::id()));
+        let text: String = self.0.iter().map(|&d| format!("{}\n", clock.ns(d as f64) as u64)).collect();
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("could not write {}: {e}", path.display());
+        }
     }
 }
 
