@@ -157,15 +157,19 @@ impl Lend {
         let (idle, flags) = (&*self.idle, &*self.flags);
         // Raised first, then looked past once more: a submitter either sees it and notifies
         // (which unparks), or its command is counted already (both sides order their store
-        // before their look).
-        idle.sleeping.store(true, Ordering::SeqCst);
+        // before their look). It stays raised from nap to nap, and `lend_out` lowers it as it
+        // returns: `sleeping` shares its line with `commands` and `shutdown`, which a task
+        // turning the lent reactor reads at every turn, and two stores a nap would take that
+        // line from the task's core every `REHOLD`.
+        if !idle.sleeping.load(Ordering::Relaxed) {
+            idle.sleeping.store(true, Ordering::SeqCst);
+        }
         let due = flags.urgent.load(Ordering::SeqCst)
             || idle.commands.load(Ordering::SeqCst) > 0
             || idle.shutdown.load(Ordering::SeqCst);
         if !due {
             std::thread::park_timeout(REHOLD);
         }
-        idle.sleeping.store(false, Ordering::SeqCst);
     }
 
     /// The thread's side: a task wants the reactor? (SeqCst: about to sleep, the thread sets
@@ -178,6 +182,16 @@ impl Lend {
     /// The thread's side: put `reactor` in the slot and wait until it is due back (see the
     /// module's doc); `None` when stopping and a task still holds it.
     pub(crate) fn lend_out(&self, reactor: Box<Reactor>) -> Option<Box<Reactor>> {
+        let back = self.lent(reactor);
+        if self.nap {
+            // Raised by `pause` for the whole lend: the thread is awake from here.
+            self.idle.sleeping.store(false, Ordering::SeqCst);
+        }
+        back
+    }
+
+    /// `lend_out`'s wait, with `sleeping` left as its naps raised it.
+    fn lent(&self, reactor: Box<Reactor>) -> Option<Box<Reactor>> {
         let (idle, flags, line) = (&*self.idle, &*self.flags, &*self.line);
         flags.urgent.store(false, Ordering::Relaxed);
         line.slot.store(Some(reactor));
