@@ -186,7 +186,7 @@ fn rt_client(c: &mut RtConn, a: &Common) -> Result<Outcome, BoxErr> {
 
 fn rt_client_on<B: IoBuf>(c: &mut RtConn, a: &Common, mut free: Vec<B>) -> Result<Outcome, BoxErr> {
     let (rt, ep) = (&c.rt, &c.ep);
-    let total = a.warmup + a.iters;
+    let total = a.warmup_writes() + a.iters;
     let mut progress = Progress::new(!a.json, total);
     rt.block_on(async {
         let mut count = rt.alloc(8)?;
@@ -207,7 +207,7 @@ fn rt_client_on<B: IoBuf>(c: &mut RtConn, a: &Common, mut free: Vec<B>) -> Resul
             r?;
             free.push(buf);
             done += 1;
-            if done == a.warmup {
+            if done == a.warmup_writes() {
                 started = Some(Instant::now());
                 cpu = CpuMeter::start();
             }
@@ -311,7 +311,7 @@ fn raw_server(c: &mut RawConn, a: &Common) -> Result<f64, BoxErr> {
 
 fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
     let (addr, key) = (c.get()?, c.get()?);
-    let total = a.warmup + a.iters;
+    let total = a.warmup_writes() + a.iters;
     c.put(total as u64)?;
     let (mems, _keep) = raw_buffers(c, a, a.window, a.size, Access::LOCAL)?;
     let mut free: Vec<usize> = (0..a.window).collect();
@@ -340,7 +340,7 @@ fn raw_client(c: &mut RawConn, a: &Common) -> Result<Outcome, BoxErr> {
                 status.clone()?;
                 free.push(id.to_raw() as usize);
                 done += 1;
-                if done == a.warmup {
+                if done == a.warmup_writes() {
                     started = Some(Instant::now());
                     cpu = CpuMeter::start();
                 }

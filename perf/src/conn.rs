@@ -45,7 +45,8 @@ impl ServerChild {
                 engine,
             ])
             .args(["--size", &a.size.to_string(), "--iters", &a.iters.to_string()])
-            .args(["--warmup", &a.warmup.to_string(), "--window", &a.window.to_string()])
+            .args(a.warmup.iter().flat_map(|w| ["--warmup".to_string(), w.to_string()]))
+            .args(["--window", &a.window.to_string()])
             .args(["--driver", if a.driver == DriverArg::Thread { "thread" } else { "inline" }])
             .args(["--memory", if a.memory == MemoryArg::Cuda { "cuda" } else { "host" }])
             .args(extra)

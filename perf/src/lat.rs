@@ -117,7 +117,7 @@ fn rt_side(
     client: bool,
     mut hist: Option<&mut Histogram<u64>>,
 ) -> Result<(), BoxErr> {
-    let total = a.warmup + a.iters;
+    let total = a.warmup_rounds() + a.iters;
     let (rt, ep) = (&c.rt, &c.ep);
     match a.lat_op() {
         LatOp::Write => return rt.block_on(write_side(rt, ep, a, client, hist)),
@@ -127,7 +127,7 @@ fn rt_side(
     if client {
         // The client's future runs on the executor asked for, as an application's would.
         return run_on(a.executor, rt, async {
-            pingpong(rt, ep, a.size, a.warmup, Duration::ZERO, &mut Progress::new(false, 0)).await?;
+            pingpong(rt, ep, a.size, a.warmup_rounds(), Duration::ZERO, &mut Progress::new(false, 0)).await?;
             let mut progress = Progress::new(!a.json, a.iters);
             let gap = Duration::from_micros(a.gap_us);
             let h = pingpong(rt, ep, a.size, a.iters, gap, &mut progress).await?;
@@ -175,7 +175,7 @@ fn raw_write_side(
     let mut comps = Vec::with_capacity(16);
     let clock = clock();
     let mut samples = Samples::new(if client { a.iters } else { 0 });
-    for i in 0..a.warmup + a.iters {
+    for i in 0..a.warmup_rounds() + a.iters {
         let seq = (i % 255) as u8 + 1;
         if client {
             pause_before(a, i);
@@ -189,7 +189,7 @@ fn raw_write_side(
         let id = post(c, 3, kind, src, size)?;
         if client {
             raw_wait_byte(c, mine, last, seq, spins, &mut comps)?;
-            if i >= a.warmup {
+            if i >= a.warmup_rounds() {
                 samples.add(t0, clock.now());
             }
         }
@@ -277,7 +277,7 @@ async fn write_side(
     let mut src = rt.alloc(size)?;
     let clock = clock();
     let mut samples = Samples::new(if client { a.iters } else { 0 });
-    let total = a.warmup + a.iters;
+    let total = a.warmup_rounds() + a.iters;
     let mut progress = Progress::new(client && !a.json, total);
     let last = size - 1;
     let spins = spins_per_turn(a);
@@ -295,7 +295,7 @@ async fn write_side(
         let write = ep.write_remote(src, &theirs).start();
         if client {
             wait_byte(&mine, last, seq, spins).await;
-            if i >= a.warmup {
+            if i >= a.warmup_rounds() {
                 samples.add(t0, clock.now());
             }
         }
@@ -353,7 +353,7 @@ async fn write_await_side(
     let mut src = rt.alloc(size)?;
     let clock = clock();
     let mut samples = Samples::new(a.iters);
-    let total = a.warmup + a.iters;
+    let total = a.warmup_rounds() + a.iters;
     let mut progress = Progress::new(!a.json, total);
     for i in 0..total {
         pause_before(a, i);
@@ -363,7 +363,7 @@ async fn write_await_side(
         let t1 = clock.now();
         r?;
         src = b;
-        if i >= a.warmup {
+        if i >= a.warmup_rounds() {
             samples.add(t0, t1);
         }
         progress.tick(i);
@@ -396,14 +396,14 @@ fn raw_write_await_side(
     let clock = clock();
     let mut samples = Samples::new(a.iters);
     let kind = WrKind::Write { remote_addr: raddr, key: rkey, imm: None };
-    for i in 0..a.warmup + a.iters {
+    for i in 0..a.warmup_rounds() + a.iters {
         pause_before(a, i);
         c.eng.bytes(src)[last] = await_seq(i);
         let t0 = clock.now();
         let id = post(c, 3, kind, src, size)?;
         wait_for(c, id, &mut comps)?;
         let t1 = clock.now();
-        if i >= a.warmup {
+        if i >= a.warmup_rounds() {
             samples.add(t0, t1);
         }
     }
@@ -437,7 +437,7 @@ async fn wait_byte(buf: &rdmalane::ExposedBuf<rdmalane::RegisteredBuf>, i: usize
 /// `--gap-us`: sleep before measured round `i` (not during warm-up), so that idle reactor
 /// threads may fall asleep in between.
 fn pause_before(a: &Common, i: usize) {
-    if a.gap_us > 0 && i >= a.warmup {
+    if a.gap_us > 0 && i >= a.warmup_rounds() {
         std::thread::sleep(Duration::from_micros(a.gap_us));
     }
 }
@@ -678,7 +678,7 @@ fn raw_side(
         Some(LatOp::WriteAwait) => return raw_write_await_side(c, a, client, hist),
         _ => {}
     }
-    let total = a.warmup + a.iters;
+    let total = a.warmup_rounds() + a.iters;
     let s = c.eng.alloc(a.size, Access::LOCAL)?;
     // Two receive buffers, posted a round ahead as `pingpong` does (ids 10 and 11).
     let r = [c.eng.alloc(a.size, Access::LOCAL)?, c.eng.alloc(a.size, Access::LOCAL)?];
@@ -695,7 +695,7 @@ fn raw_side(
             let send = post(c, 2, WrKind::Send { imm: None }, s, a.size)?;
             let ahead = if i + 1 < total { recv_into(c, i + 1)? } else { None };
             wait_for(c, recv.into_iter().chain(send), &mut comps)?;
-            if i >= a.warmup {
+            if i >= a.warmup_rounds() {
                 samples.add(t0, clock.now());
             }
             recv = ahead;

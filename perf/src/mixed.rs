@@ -271,7 +271,7 @@ pub fn run(m: &Mixed) -> Result<(), BoxErr> {
     let layout = m.layout;
     let (remote, alone) = rt.block_on(async {
         let remote = ep.recv_descriptor().await?;
-        pingpong(&rt, &ep, PING, a.warmup, Duration::ZERO, &mut quiet()).await?;
+        pingpong(&rt, &ep, PING, a.warmup_rounds(), Duration::ZERO, &mut quiet()).await?;
         let alone = pingpong(&rt, &ep, PING, a.iters, Duration::ZERO, &mut quiet()).await?;
         Ok::<_, BoxErr>((remote, alone))
     })?;
