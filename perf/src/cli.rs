@@ -225,8 +225,8 @@ pub enum MemoryArg {
 
 /// Round trips a ping-pong runs unmeasured by default. A shm ping-pong's first thousand or so
 /// round trips walk the provider's rings for the first time, and each page they touch first is
-/// a page fault (a few µs in a VM): with 200 round trips first, the measured run's first 2 ms
-/// held a hundred round trips 3-5 µs slower, 0.5% of 20,000, which set its p99 (the raw
+/// a page fault (a few µs in a VM): with 200 round trips first, the measured run's first 2-3 ms
+/// held a hundred round trips 4-6 µs slower, 0.5% of 20,000, which set its p99 (the raw
 /// engine's as much as the runtime's). 2,000 leave none.
 pub const PINGPONG_WARMUP: usize = 2000;
 
