@@ -548,9 +548,7 @@ impl Samples {
         }
         Ok(h)
     }
-}
 
-impl Samples {
     /// With `RDMALANE_PERF_SAMPLES=DIR`: every sample in ns, in the order taken, one per line,
     /// in a file of its own under DIR. Says when a tail's slow rounds came (periodic work of
     /// ours, or the host's), which a histogram cannot.
