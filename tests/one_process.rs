@@ -703,3 +703,42 @@ fn reads_spaced_far_apart_or_not_at_all_still_complete_every_op() {
         }
     });
 }
+
+#[test]
+fn the_last_handle_dropped_in_a_tokio_task_does_not_stall_its_executor() {
+    // On a current-thread executor the control connections' tasks run on the one thread that
+    // drops the handle. A drop that waited there for the stop would wait for them: an shm
+    // lane waits up to a second for its peer endpoint of this process to close, which the
+    // peer's runtime does once its watch task, on this same thread, sees ours go. Each round
+    // also checks that the peer learns of the loss and its ops fail typed.
+    let _guard = watchdog(60);
+    let io = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
+    for p in providers() {
+        io.block_on(async {
+            let (a, b) = (runtime(p), runtime(p));
+            let (ab, ba) = pair(&a, &b).await;
+            let recv = ba.recv(b.alloc(16).unwrap()).start();
+            ab.send(a.alloc(16).unwrap()).await.0.unwrap_or_else(|e| panic!("{p}: send: {e}"));
+            assert_eq!(recv.await.0.unwrap_or_else(|e| panic!("{p}: recv: {e}")), 16);
+            drop(ab);
+            let took = tokio::spawn(async move {
+                let t = Instant::now();
+                drop(a);
+                t.elapsed()
+            })
+            .await
+            .expect("the dropping task");
+            assert!(took < Duration::from_millis(300), "{p}: dropping the last handle took {took:?}");
+            let lost = tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    match ba.send(b.alloc(16).unwrap()).await.0 {
+                        Err(Error::PeerLost { .. } | Error::Shutdown { .. }) => break,
+                        Err(e) => panic!("{p}: a send to a stopped peer failed as {e:?}"),
+                        Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    }
+                }
+            });
+            lost.await.unwrap_or_else(|_| panic!("{p}: the peer never learned of the loss"));
+        });
+    }
+}

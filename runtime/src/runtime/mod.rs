@@ -86,6 +86,11 @@ impl Group {
         self.notifier.notify();
     }
 
+    /// Let the reactor's thread end on its own (it stops once signalled).
+    fn detach(&self) {
+        drop(self.thread.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+
     /// Wait for the reactor's thread to end, unless this is that thread.
     fn join(&self) {
         let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -173,12 +178,26 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // Dropped inside a tokio task, the stop must not hold up that executor thread: the
+        // stop may need the control connections' tasks, which can be queued behind it on that
+        // very thread (a peer endpoint of this process closes once its watch task sees ours
+        // go, and our shm lanes wait up to a second for that: a test saw the whole second).
+        // There the reactor threads finish stopping on their own, as they do when the last
+        // handle goes on a reactor thread. An inline reactor has no thread to do it.
+        if self.inline.is_none() && tokio::task::try_id().is_some() {
+            self.groups.iter().for_each(Group::signal_stop);
+            self.groups.iter().for_each(Group::detach);
+            return;
+        }
         self.stop();
     }
 }
 
 /// The rdmalane runtime: a transport, the reactor that drives it, and the peers it talks to.
-/// Cheap to clone; the reactor stops when the last clone (and the last buffer) is gone.
+/// Cheap to clone; the reactor stops when the last clone (and the last buffer) is gone. That
+/// drop waits for the stop (as [`shutdown`](Self::shutdown) does), except inside a tokio task
+/// with reactor threads: there they finish it in the background, so as not to hold up the
+/// executor thread the peers' control connections may need for it.
 #[derive(Clone)]
 pub struct Runtime {
     inner: Arc<Inner>,
