@@ -710,7 +710,7 @@ fn the_last_handle_dropped_in_a_tokio_task_does_not_stall_its_executor() {
     // drops the handle. A drop that waited there for the stop would wait for them: an shm
     // lane waits up to a second for its peer endpoint of this process to close, which the
     // peer's runtime does once its watch task, on this same thread, sees ours go. Each round
-    // also checks that the peer learns of the loss and its ops fail typed.
+    // also checks that the peer learns of the loss: its sends come to fail with `PeerLost`.
     let _guard = watchdog(60);
     let io = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
     for p in providers() {
@@ -732,9 +732,10 @@ fn the_last_handle_dropped_in_a_tokio_task_does_not_stall_its_executor() {
             let lost = tokio::time::timeout(Duration::from_secs(10), async {
                 loop {
                     match ba.send(b.alloc(16).unwrap()).await.0 {
-                        Err(Error::PeerLost { .. } | Error::Shutdown { .. }) => break,
-                        Err(e) => panic!("{p}: a send to a stopped peer failed as {e:?}"),
-                        Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                        Err(e) if e.is_peer_lost() || matches!(e, Error::Shutdown { .. }) => break,
+                        // Sent before the loss was known, or caught in the connection's
+                        // teardown (a provider's error of its own): the loss still comes.
+                        _ => tokio::time::sleep(Duration::from_millis(5)).await,
                     }
                 }
             });
