@@ -4,7 +4,9 @@
 # engine and the thread driver), each process pair left to the OS ("free") and pinned with
 # `taskset` to the same two CPUs a side for both engines (each PIN is CLIENT_CPUS/SERVER_CPUS),
 # ROUNDS interleaved rounds (default 5); per-round ratios over the same placement's raw run at
-# the end (round-ratios.py). PROVIDERS (default "shm tcp").
+# the end (round-ratios.py), then how far the raw engine strays from itself: each raw run over
+# the one before it in the same round (the placements run seconds apart). PROVIDERS (default
+# "shm tcp").
 # Usage: scripts/device/pin-spread.sh BIN [PIN...]   e.g. ... BIN 2,3/10,11 5,6/12,13
 cd "$(dirname "$0")/../.."
 source scripts/device/lib.sh
@@ -48,3 +50,20 @@ for rep in $(seq "${ROUNDS:-5}"); do
   done
 done
 python3 scripts/device/round-ratios.py "$out"
+echo "== each raw run over the one before it in its round"
+python3 - "$out" "$(( ${#pins[@]} + 1 ))" <<'PY'
+import collections, math, sys
+per_round = int(sys.argv[2])
+raw = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    group, mode, v = line.split()
+    if mode == "raw":
+        provider, kind, _ = group.split("-", 2)
+        raw[(provider, kind)].append(float(v))
+for (provider, kind), v in raw.items():
+    r = [b / a for i in range(0, len(v), per_round) for a, b in zip(v[i:i + per_round], v[i + 1:i + per_round])
+         if not (math.isnan(a) or math.isnan(b))]
+    if r:
+        print(f"{provider} {kind}: {min(r):.2f}-{max(r):.2f}, over 1.3 in {sum(x > 1.3 for x in r)} of {len(r)},"
+              f" under 1/1.3 in {sum(x < 1 / 1.3 for x in r)}: " + " ".join(f"{x:.2f}" for x in r))
+PY
