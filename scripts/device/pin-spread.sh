@@ -14,7 +14,6 @@ bin=$1
 shift
 pins=("${@:-2,3/10,11}")
 out=$(mktemp)
-port=47100
 # run PIN ARGS...: one measurement's p50, its two processes placed as PIN says ("free": not).
 run() {
   local pin=$1
@@ -23,8 +22,8 @@ run() {
     p50 "$bin" "$@"
     return
   fi
-  port=$((port + 1))
-  local said
+  # A port of its own (each run is a subshell: a counter here would not move).
+  local port=$((47100 + RANDOM % 1000)) said
   said=$(mktemp)
   timeout 120 taskset -c "${pin#*/}" "$bin" "$@" --server --once --listen "127.0.0.1:$port" >"$said" 2>&1 &
   local server=$! i
