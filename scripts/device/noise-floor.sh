@@ -3,7 +3,8 @@
 # floor. Runs the check RUNS times (default 3) with the raw engine standing in for the runtime's
 # single-op runs (raw-twin.sh: the raw engine judged against itself), each followed by a real
 # run of BIN, then counts per single-op figure how often each kind read over 1.3. A figure the
-# twin misses as often as the runtime is one the check cannot judge on that host.
+# twin misses as often as the runtime is one the check cannot judge on that host. The mixed
+# figures, the runtime's in both kinds of run, are counted over all runs against 1.5.
 # CHECKS names the checks' folder (see heart-figures.sh). Each run's whole output is kept in
 # OUTDIR (default a temporary folder, named at the end).
 # Usage: scripts/device/noise-floor.sh BIN [OUTDIR]
@@ -26,8 +27,13 @@ for f in sorted(os.listdir(d)):
     lines = [l for l in open(os.path.join(d, f)) if l.startswith("figures:") or " holds: " in l or "(goals judged" in l]
     for k, v in re.findall(r"\b((?:lat_thread|await)_\w+?_x)=([0-9.]+)", lines[-1] if lines else ""):
         seen[(k, kind)].append(float(v))
+    # The mixed figures are the runtime's in either kind of run (the twin stands in for `lat`
+    # alone): pooled.
+    for k, v in re.findall(r"\b(mixed_\w+?_p99_over_raw)=([0-9.]+)", lines[-1] if lines else ""):
+        seen[(k, "both")].append(float(v))
 for k in sorted({k for k, _ in seen}):
-    for kind in ("twin", "real"):
-        v = seen.get((k, kind), [])
-        print(f"{k:18s} {kind}: over 1.3 in {sum(x > 1.3 for x in v)} of {len(v)}: " + " ".join(f"{x:.2f}" for x in v))
+    for kind, bar in (("twin", 1.3), ("real", 1.3), ("both", 1.5)):
+        v = seen.get((k, kind))
+        if v:
+            print(f"{k:30s} {kind}: over {bar} in {sum(x > bar for x in v)} of {len(v)}: " + " ".join(f"{x:.2f}" for x in v))
 PY
