@@ -317,8 +317,8 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
             wait_rounds(3).await;
             stop.store(true, Ordering::Relaxed);
             client.await.expect("the real client");
-            // Back to its level: the server's threads and descriptors (less the real client's
-            // last connection) exactly, its memory within SLACK_KIB of its level. Descriptors
+            // Back to its level: no more of the server's threads and descriptors than before
+            // (less the real client's last connection), its memory within SLACK_KIB of its level. Descriptors
             // are the precise check (a handshake left behind holds its socket); resident memory
             // moves with the real client's reconnects meanwhile (tcp;ofi_rxm's per-endpoint
             // pools, see `level`), while the flood's handshakes are a few KiB each.
@@ -338,7 +338,10 @@ fn no_client_can_stall_a_server_and_every_refusal_is_counted() {
                 real.slowest_us.load(Ordering::Relaxed),
                 real.rounds.load(Ordering::Relaxed)
             );
-            assert_eq!(after.0, before.0, "server threads after the flood");
+            // Fewer is fine: handshakes open lanes on tokio's blocking threads, which linger for
+            // 10 s after their last use (the real client's reconnects kept one or two alive
+            // before; a run on a loaded host read 6 threads before and 4 after).
+            assert!(after.0 <= before.0, "server threads {} after the flood, {} before", after.0, before.0);
             assert!(
                 after.2 <= before.2,
                 "server descriptors {} after the flood, {} before",
