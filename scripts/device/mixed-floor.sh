@@ -9,7 +9,7 @@
 cd "$(dirname "$0")/../.."
 source scripts/device/lib.sh
 B=$(readlink -f "$1"); out=$(mktemp)
-lat99() { timeout 100 "$B" lat --provider "$1" --size 16 --iters "$2" --engine raw --json 2>/dev/null | field p99_us; }
+lat99() { figure p99_us "$B" lat --provider "$1" --size 16 --iters "$2" --engine raw; }
 for rep in $(seq "${ROUNDS:-3}"); do for p in shm tcp; do
   # shm pings 20x faster than tcp: as many pings as keep each run about as long as the stream.
   n=$([ "$p" = shm ] && echo 200000 || echo 20000)

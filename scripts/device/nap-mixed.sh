@@ -19,7 +19,7 @@ mixed99() { # mixed99 TAG DRIVER [VAR=VALUE...]: the p99 beside bulk, and the ru
   echo "$p-alone $tag $(field small_alone_p99_us <<<"$j")"
 }
 for rep in $(seq "${ROUNDS:-3}"); do
-  raw=$(timeout 100 "$B" lat --provider "$p" --size 16 --iters 20000 --engine raw --json 2>/dev/null | field p99_us)
+  raw=$(figure p99_us "$B" lat --provider "$p" --size 16 --iters 20000 --engine raw)
   echo "$p raw $raw"
   echo "$p-alone raw $raw"
   mixed99 inline inline
