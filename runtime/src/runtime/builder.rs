@@ -4,8 +4,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use slab::Slab;
-
 use super::mr_cache::MrCache;
 use super::settings::{self, RailGroups, Settings};
 use super::{Driver, Group, Inner, Runtime};
@@ -473,6 +471,7 @@ impl Builder {
             "rdmalane runtime started"
         );
         let fan_min = sched.chunk_size.max(1).saturating_mul(2);
+        let regs = super::GroupRegTable::new(started.len());
         Ok(Runtime {
             inner: Arc::new(Inner {
                 id,
@@ -482,7 +481,7 @@ impl Builder {
                 map,
                 inline,
                 lend,
-                regs: std::sync::RwLock::new(Slab::new()),
+                regs,
                 fan_min,
                 await_spin,
                 latency_threshold: sched.latency_threshold,

@@ -9,8 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
-use slab::Slab;
-
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::imm::{ImmEvent, ImmQueue, NextImm, WaitImm};
 use crate::base::lane_map::LaneMap;
@@ -28,6 +26,7 @@ use crate::reactor::{Idle, SHUTDOWN_LIMIT};
 
 mod builder;
 pub(crate) mod fanout;
+mod group_regs;
 pub(crate) mod mr_cache;
 mod peers;
 mod registration;
@@ -36,6 +35,7 @@ mod submit;
 
 pub use builder::Builder;
 
+use group_regs::GroupRegTable;
 use mr_cache::{CacheStats, MrCache};
 
 /// Who drives the reactor.
@@ -104,19 +104,6 @@ impl Group {
     }
 }
 
-/// A registration made on every group's transport: its handle in each.
-/// With several groups, the runtime's region id and descriptor name an entry here.
-type GroupRegs = Vec<GroupReg>;
-
-/// One group's registration of a region.
-#[derive(Debug, Clone, Copy)]
-struct GroupReg {
-    /// Its id in the group's transport.
-    id: u64,
-    /// Its local descriptor there.
-    desc: usize,
-}
-
 struct Inner {
     id: u64,
     lanes: usize,
@@ -131,8 +118,9 @@ struct Inner {
     /// The first group's reactor as its thread lends it to spinning tasks (thread driver,
     /// where ops spin and drive).
     lend: Option<Arc<Lend>>,
-    /// Registrations on several groups (unused with one).
-    regs: std::sync::RwLock<Slab<GroupRegs>>,
+    /// Registrations on several groups (unused with one): the runtime's region id and
+    /// descriptor name an entry here.
+    regs: GroupRegTable,
     /// Bulk one-sided ops of at least this many bytes are split across the groups.
     fan_min: usize,
     /// How long a latency-class op's poll watches for its completion (thread driver).

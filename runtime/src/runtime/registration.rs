@@ -3,8 +3,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use super::group_regs::{GroupReg, GroupRegs};
 use super::mr_cache::timed;
-use super::{GroupReg, GroupRegs, Runtime};
+use super::Runtime;
 use crate::base::error::{Error, OpKind, Result, TransportError};
 use crate::base::memory::DeviceMem;
 use crate::base::transport::{Access, MemoryRegion, RailId};
@@ -82,7 +83,7 @@ impl Runtime {
             return Err(e);
         }
         let first = regs[0].id;
-        let handle = self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).insert(regs);
+        let handle = self.inner.regs.insert(regs);
         let mr = MemoryRegion {
             id: handle as u64,
             desc: handle,
@@ -99,13 +100,12 @@ impl Runtime {
 
     /// The groups' own handles of region `id` (several groups), forgotten here.
     fn take_group_regs(&self, id: u64) -> Option<GroupRegs> {
-        self.inner.regs.write().unwrap_or_else(|p| p.into_inner()).try_remove(id as usize)
+        self.inner.regs.remove(id as usize)
     }
 
     /// Group `g`'s descriptor for the runtime's descriptor `desc` (several groups).
     pub(super) fn group_desc(&self, desc: usize, g: GroupId) -> usize {
-        let regs = self.inner.regs.read().unwrap_or_else(|p| p.into_inner());
-        regs.get(desc).and_then(|r| r.get(g.0)).map_or(0, |r| r.desc)
+        self.inner.regs.desc(desc, g.0)
     }
 
     /// Deregister without waiting; `keep` is dropped by the reactor after the deregistration
