@@ -4,11 +4,12 @@
 # case's p50 median over the raw engine's and its range. On tcp it also takes the completion
 # queues' wait object off one side at a time (RDMALANE_CQ_WAIT=0), to show where its price lands.
 # Usage: scripts/device/await-split.sh [PERF]   (default .gpu/rdmalane-perf; PROVIDER=shm|tcp,
-# default shm; ROUNDS, default 3; ITERS, default 50000)
+# default shm; ROUNDS, default 3; ITERS, default 50000; OP=send splits the send/recv ping-pong
+# instead, default write-await)
 cd "$(dirname "$0")/../.."
 P=${1:-.gpu/rdmalane-perf}
 prov=${PROVIDER:-shm}
-L=(lat --provider "$prov" --size 16 --iters "${ITERS:-50000}" --op write-await)
+L=(lat --provider "$prov" --size 16 --iters "${ITERS:-50000}" --op "${OP:-write-await}")
 out=$(mktemp)
 p50() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["p50_us"])' 2>/dev/null || echo nan; }
 split() { # SERVER_DRIVER CLIENT_DRIVER [SERVER_ENV] [CLIENT_ENV]   ("-": none)
