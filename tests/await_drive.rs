@@ -296,3 +296,45 @@ async fn rounds_on(
         recv.await.0.unwrap_or_else(|e| panic!("{p}: pong {i}: {e}"));
     }
 }
+
+#[test]
+fn a_run_of_spun_outcomes_yields_to_what_it_is_joined_with() {
+    // Each awaited write spins to its outcome on the lent reactor, so a loop of them need never
+    // wait: once its run of spun outcomes has lasted its span (20 µs), the next op yields
+    // before it spins, and the future beside the loop gets polled. That future notes how many
+    // writes went by since its last poll: never more than a run's worth.
+    const WRITES: u64 = 3000;
+    for p in providers() {
+        let (a, b) = (runtime(p, true), runtime(p, true));
+        with_tokio_entered(120, |tokio| {
+            let (ab, ba) = tokio.block_on(pair(&a, &b));
+            let (target, remote) = tokio.block_on(expose_to(&ba, &ab, 16, Access::READ_WRITE));
+            let written = std::cell::Cell::new(0u64);
+            let looping = async {
+                let mut src = a.alloc(16).expect("alloc");
+                for n in 1..=WRITES {
+                    src.copy_from_slice(&n.to_le_bytes().repeat(2));
+                    let (r, back) = ab.write_remote(src, &remote).await;
+                    r.unwrap_or_else(|e| panic!("{p}: write {n}: {e}"));
+                    src = back;
+                    written.set(n);
+                }
+            };
+            let (mut seen, mut most) = (0, 0);
+            let beside = std::future::poll_fn(|cx| {
+                let now = written.get();
+                most = most.max(now - seen);
+                seen = now;
+                if now == WRITES {
+                    return std::task::Poll::Ready(());
+                }
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            });
+            a.block_on(futures::future::join(looping, beside));
+            assert_eq!(target.as_slice()[..8], WRITES.to_le_bytes(), "{p}: the last write landed");
+            assert!(most <= 200, "{p}: {most} writes in a row before the future beside them ran");
+        });
+        assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
+    }
+}

@@ -14,13 +14,16 @@
 //! joined with a bulk stream in one task) would run without end inside one poll, starving what
 //! it is joined with: measured on shm, the stream beside such a loop fell from 51 to 6 Gb/s.
 //! So once a run of outcomes reached by spinning, with no wait in between, has lasted
-//! [`RUN_SPAN`], the next yields once instead of being taken (it wakes its task and returns
-//! pending, its outcome kept in the cell for the next poll), as tokio's cooperative budget
-//! makes its own resources yield. The run is bounded in time, not in outcomes: what it starves
-//! waits for a time, and a yield is dear (the task's trip through its executor, and the lent
-//! reactor put back and taken again). Every 4th outcome, as it was, cost a receive loop over
-//! the null transport 100 to 180 ns an op (`op_overhead`, thread driver), and a shm ping-pong
-//! about a tenth of a microsecond of its p50 in one of two A/B calls on 16 cores.
+//! [`RUN_SPAN`], the next op about to spin yields once first (it wakes its task and returns
+//! pending, its op still out), as tokio's cooperative budget makes its own resources yield.
+//! The yield comes before the wait, not after the outcome: its trip through the executor then
+//! overlaps the op's own time on the wire instead of delaying the next op of a ping-pong (a
+//! yield taken with the outcome in hand cost a shm ping some 0.3 µs every 20 µs), and the
+//! run's looks at the clock come there too, off the path from an outcome to the next post.
+//! The run is bounded in time, not in outcomes: what it starves waits for a time, and a yield
+//! is dear. Every 4th outcome, as it was, cost a receive loop over the null transport 100 to
+//! 180 ns an op (`op_overhead`, thread driver), and a shm ping-pong about a tenth of a
+//! microsecond of its p50 in one of two A/B calls on 16 cores.
 //! A hit resets the back-off, so where a task's spins alternate between hits and misses (a
 //! receive polled before the send it answers can go out) each round may spin its whole budget.
 use std::cell::Cell;
@@ -129,10 +132,10 @@ thread_local! {
     static LAST_LOOK: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
-/// The time for a run's bookkeeping right after a spin: the spin's own last look at the clock
+/// The time for a run's bookkeeping before a spin: the last spin's own last look at the clock
 /// where it made one (some turns old at most: eight of the lent reactor's, 64 looks at a cell),
-/// else a fresh read. A read is 30-60 ns on the 16-core host, on the path from an outcome to
-/// the reply; a run spans 20 µs, so a look a few turns old times it closely enough.
+/// else a fresh read (30-60 ns on the 16-core host). A run spans 20 µs, so a look a few turns
+/// old times it closely enough.
 fn run_clock() -> Instant {
     LAST_LOOK.take().unwrap_or_else(Instant::now)
 }
@@ -142,37 +145,44 @@ fn run_clock() -> Instant {
 struct Run {
     /// Outcomes taken in it.
     taken: u32,
-    /// When its first was taken (`None`: no run yet).
+    /// When it was first timed, at the spin after its first outcome (`None`: not yet).
     since: Option<Instant>,
     /// The count of outcomes at which it next looks at the clock.
     look: u32,
 }
 
-/// An op spun to its outcome: may its poll take it now? False once the run has lasted
-/// [`RUN_SPAN`] (looked at after [`RUN_LOOK`] outcomes, then at its own pace, see
-/// [`RUN_LOOK_MAX`]): then its task should yield once first, and a new run starts.
-pub(crate) fn may_take() -> bool {
+/// An op's poll took its outcome by spinning: one more in the run.
+#[inline]
+pub(crate) fn took() {
     let mut run = RUN.get();
     run.taken += 1;
-    let Some(since) = run.since else {
-        RUN.set(Run { taken: 1, since: Some(run_clock()), look: RUN_LOOK });
-        return true;
-    };
-    if run.taken < run.look {
-        RUN.set(run);
-        return true;
+    RUN.set(run);
+}
+
+/// An op is about to spin for its outcome: has the run of spun outcomes before it lasted
+/// [`RUN_SPAN`]? Then the run ends, and the op's task should yield once first. Looks at the
+/// clock as the run's first outcome is followed by a spin, after [`RUN_LOOK`] more, then at
+/// the run's own pace (see [`RUN_LOOK_MAX`]).
+pub(crate) fn yield_due() -> bool {
+    let mut run = RUN.get();
+    if run.taken == 0 || run.taken < run.look {
+        return false;
     }
+    let Some(since) = run.since else {
+        RUN.set(Run { since: Some(run_clock()), look: run.taken + RUN_LOOK, ..run });
+        return false;
+    };
     let lasted = run_clock().saturating_duration_since(since);
     if lasted >= RUN_SPAN {
         RUN.set(Run::default());
-        return false;
+        return true;
     }
     // The next look about a quarter of the span on, at the pace so far.
     let per = (lasted.as_nanos() as u64 / u64::from(run.taken)).max(1);
     let step = (RUN_SPAN.as_nanos() as u64 / 4 / per).clamp(1, u64::from(RUN_LOOK_MAX)) as u32;
     run.look = run.taken + step;
     RUN.set(run);
-    true
+    false
 }
 
 /// The polling task is about to wait for a wake-up: its run of spun outcomes is over.
@@ -314,17 +324,27 @@ mod tests {
         assert!(!spin_until_done(&OpCell::new(), AwaitSpin::OFF, 0, None), "off never spins");
     }
 
+    /// Take outcomes until a spin after one is due to yield (true), `most` at most.
+    fn yields_within(most: u32) -> bool {
+        (0..most).any(|_| {
+            took();
+            yield_due()
+        })
+    }
+
     #[test]
     fn a_run_of_spun_outcomes_yields_once_past_its_span_and_a_wait_starts_a_new_one() {
         waits();
-        // Between two looks at the clock every outcome is taken, however long the run.
-        assert!((0..RUN_LOOK - 1).all(|_| may_take()), "a run starts with takes");
+        assert!(!yield_due(), "no run before its first outcome");
+        // Between two looks at the clock the run goes on, however long it lasts.
+        assert!(!yields_within(RUN_LOOK), "a run starts with takes");
         std::thread::sleep(RUN_SPAN * 2);
-        assert!(!may_take(), "the look past the span yields");
-        assert!(may_take(), "a new run starts after the yield");
+        assert!(yields_within(RUN_LOOK_MAX + 1), "a spin past the span yields");
+        assert!(!yield_due(), "the yield ends the run");
+        assert!(!yields_within(RUN_LOOK), "a new run starts after the yield");
         std::thread::sleep(RUN_SPAN * 2);
         waits();
-        assert!((0..RUN_LOOK - 1).all(|_| may_take()), "a wait starts a new run");
+        assert!(!yields_within(RUN_LOOK), "a wait starts a new run");
         waits();
     }
 
@@ -340,16 +360,16 @@ mod tests {
         // preempted meanwhile paces itself slower; only an unhindered run is judged.)
         waits();
         let t = Instant::now();
-        let took = (0..RUN_LOOK).all(|_| may_take());
-        if took && t.elapsed() < RUN_SPAN / 64 {
-            assert_eq!(RUN.get().look, RUN_LOOK + RUN_LOOK_MAX, "a cheap run looks seldom");
+        let went_on = !yields_within(RUN_LOOK + 1);
+        if went_on && t.elapsed() < RUN_SPAN / 64 {
+            assert_eq!(RUN.get().look, 1 + RUN_LOOK + RUN_LOOK_MAX, "a cheap run looks seldom");
         }
         // Outcomes a tenth of the span apart: the next look comes within a few (or, preempted,
         // at once, or the run has lasted its span and yields).
         waits();
-        for _ in 0..RUN_LOOK {
+        for _ in 0..=RUN_LOOK {
             spin(RUN_SPAN / 10);
-            if !may_take() {
+            if yields_within(1) {
                 waits();
                 return;
             }

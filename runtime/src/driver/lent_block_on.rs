@@ -175,7 +175,7 @@ pub(crate) fn block_on<F: Future>(lend: &Lend, rt: u64, idle_for: Duration, fut:
             since = None;
             // A future that polled ops and woke itself is polled again at once: a run of
             // outcomes its ops took by spinning yields so that what it is joined with runs
-            // (`handoff::may_take`), and those ops turned the reactor as they spun. A turn
+            // (`handoff::yield_due`), and those ops turned the reactor as they spun. A turn
             // here adds a provider read to each such yield, which on tcp comes every two or
             // three ops of a ping-pong: with it, the stage probe read 0.4-0.7 µs from the turn
             // that completed an op to the op's result (inline driver: 0.04-0.09 µs), and

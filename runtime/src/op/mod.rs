@@ -222,13 +222,15 @@ impl<B: IoBuf> Op<B> {
     }
 
     /// The outcome of a submitted op, if it is in: looked at before an inline turn, after it,
-    /// and when registering how to be woken (a completion may land in between).
+    /// and when registering how to be woken (a completion may land in between). `yielded`:
+    /// set where the poll yields with the op still out, its task back at once.
     fn outcome(
         cell: &OpCell,
         rt: u64,
         spin: AwaitSpin,
         lease: Option<&mut Lease<'_>>,
         cx: &mut Context<'_>,
+        yielded: &mut bool,
     ) -> Option<Result<usize, Box<Error>>> {
         if let Some(o) = cell.taken() {
             return Some(o);
@@ -249,15 +251,18 @@ impl<B: IoBuf> Op<B> {
         if inline::drives_here(rt, cx) {
             return if cell.park() { cell.taken() } else { None };
         }
+        // A long run of ops that never waited: let what the task is joined with run, now,
+        // while this op's outcome is on its way (see `handoff`).
+        if !spin.is_off() && handoff::yield_due() {
+            *yielded = true;
+            cx.waker().wake_by_ref();
+            return None;
+        }
         // A reactor thread completes it: a latency-class op watches for that a little before
         // its task parks (see `handoff`).
         if handoff::spin_until_done(cell, spin, rt, lease) {
-            if handoff::may_take() {
-                return cell.taken();
-            }
-            // A long run of ops that never waited: let what the task is joined with run.
-            cx.waker().wake_by_ref();
-            return None;
+            handoff::took();
+            return cell.taken();
         }
         if !spin.is_off() {
             handoff::waits();
@@ -319,16 +324,18 @@ impl<B: IoBuf> Op<B> {
             Inner::Ready(r) => r.take().expect("Op polled after completion"),
             Inner::Unsubmitted(..) => unreachable!("submitted above"),
             Inner::Pending(rt, cell, spin, _) => {
-                match Self::outcome(cell, *rt, *spin, lease.as_deref_mut(), cx) {
+                let mut yielded = false;
+                match Self::outcome(cell, *rt, *spin, lease.as_deref_mut(), cx, &mut yielded) {
                     Some(o) => o,
                     None => {
-                        // Yielding with the outcome kept (a long run of spun ops), the task is
-                        // back at once: the reactor stays in the slot. Else it parks, and the
-                        // thread takes the reactor back now, unless a keeping `block_on` polled
-                        // this op itself and holds it (it turns it until the wake).
+                        // Yielding (a long run of spun ops), the task is back at once: the
+                        // reactor stays in the slot, as it does where the outcome came in
+                        // meanwhile. Else the task parks, and the thread takes the reactor
+                        // back now, unless a keeping `block_on` polled this op itself and
+                        // holds it (it turns it until the wake).
                         if let Some(l) = lease {
                             let kept = l.is_nested() && lent_block_on::keeps_for(*rt, cx);
-                            l.release(cell.is_done() || kept);
+                            l.release(yielded || cell.is_done() || kept);
                         }
                         return Poll::Pending;
                     }
