@@ -56,7 +56,8 @@ impl GroupRegTable {
         let handle = owned.vacant_key();
         // Published before the handle is: whoever learns it, learns it from this thread.
         self.publish(handle, regs.iter().map(|r| r.desc));
-        owned.insert(regs);
+        let taken = owned.insert(regs);
+        debug_assert_eq!(taken, handle, "a slab fills its vacant key first");
         handle
     }
 
