@@ -6,18 +6,19 @@
 cd "$(dirname "$0")/../.."
 [ $# -eq 2 ] || { echo "usage: $0 BASE NEW"; exit 2; }
 declare -A bin=([base]=$1 [new]=$2)
+source scripts/device/lib.sh
 out=$(mktemp)
-j() { timeout 100 "$@" --json 2>/dev/null | tail -1; }
-f() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(*[d.get(k,"nan") for k in sys.argv[2:]])' "$1" "${@:2}" 2>/dev/null || echo nan nan; }
+# `two A B CMD...`: fields A and B of one measurement's JSON (`nan` where it failed).
+two() { local x; x=$(timeout 100 "${@:3}" --json 2>/dev/null); echo "$(field "$1" <<<"$x") $(field "$2" <<<"$x")"; }
 for r in $(seq ${ROUNDS:-4}); do
   for p in shm tcp; do
     L="lat --provider $p --size 16 --iters 20000"
-    echo "$p raw lat $(f "$(j "${bin[base]}" $L --engine raw)" p50_us p99_us)" >>$out
-    echo "$p raw await $(f "$(j "${bin[base]}" $L --op write-await --engine raw)" p50_us p99_us)" >>$out
+    echo "$p raw lat $(two p50_us p99_us "${bin[base]}" $L --engine raw)" >>$out
+    echo "$p raw await $(two p50_us p99_us "${bin[base]}" $L --op write-await --engine raw)" >>$out
     for b in base new; do
-      echo "$p $b lat $(f "$(j "${bin[$b]}" $L --driver thread)" p50_us p99_us)" >>$out
-      echo "$p $b await $(f "$(j "${bin[$b]}" $L --op write-await --driver thread)" p50_us p99_us)" >>$out
-      echo "$p $b mixed $(f "$(j "${bin[$b]}" mixed --provider $p --scheduler fair --driver thread)" small_mixed_p99_us small_alone_p99_us)" >>$out
+      echo "$p $b lat $(two p50_us p99_us "${bin[$b]}" $L --driver thread)" >>$out
+      echo "$p $b await $(two p50_us p99_us "${bin[$b]}" $L --op write-await --driver thread)" >>$out
+      echo "$p $b mixed $(two small_mixed_p99_us small_alone_p99_us "${bin[$b]}" mixed --provider $p --scheduler fair --driver thread)" >>$out
     done
   done
 done

@@ -73,6 +73,8 @@ impl GroupRegTable {
     /// Group `g`'s descriptor of `handle`'s region; 0 for a handle not (or no longer) held.
     #[inline]
     pub(super) fn desc(&self, handle: usize, g: usize) -> usize {
+        // Past the last group the lookup would read the next handle's first.
+        debug_assert!(g < self.groups, "group {g} of {}", self.groups);
         match self.descs.get(handle / CHUNK) {
             Some(chunk) => chunk
                 .get()
