@@ -338,3 +338,67 @@ fn a_run_of_spun_outcomes_yields_to_what_it_is_joined_with() {
         assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
     }
 }
+
+#[test]
+fn a_run_of_sends_that_finish_as_posted_yields_to_what_it_is_joined_with() {
+    // A 16 B send the provider copies as it posts finishes inside its first poll: it never
+    // spins, and a loop of them never waits. Such ops count in the run as spun ones do, so
+    // the loop still yields once its run has lasted its span, after a post, and the future
+    // beside it gets polled: under the runtime's `block_on`, which keeps the lent reactor, and
+    // under tokio's, as `#[tokio::main]` runs `main`. The peer takes every message on a thread
+    // of its own.
+    const SENDS: u64 = 3000;
+    for (p, on_tokio) in providers().into_iter().flat_map(|p| [(p, false), (p, true)]) {
+        let (a, b) = (runtime(p, true), runtime(p, true));
+        with_tokio_entered(120, |tokio| {
+            let (ab, ba) = tokio.block_on(pair(&a, &b));
+            let sent = std::cell::Cell::new(0u64);
+            let (mut seen, mut most) = (0, 0);
+            let got = std::thread::scope(|s| {
+                let taker = s.spawn(|| {
+                    b.block_on(async {
+                        let (mut buf, mut sum) = (b.alloc(16).expect("alloc"), 0u64);
+                        for i in 1..=SENDS {
+                            let (n, back) = ba.recv(buf).await;
+                            assert_eq!(n.unwrap_or_else(|e| panic!("{p}: recv {i}: {e}")), 16);
+                            sum += u64::from_le_bytes(back[..8].try_into().expect("8 bytes"));
+                            buf = back;
+                        }
+                        sum
+                    })
+                });
+                let looping = async {
+                    let mut src = a.alloc(16).expect("alloc");
+                    for n in 1..=SENDS {
+                        src.copy_from_slice(&n.to_le_bytes().repeat(2));
+                        let (r, back) = ab.send(src).await;
+                        r.unwrap_or_else(|e| panic!("{p}: send {n}: {e}"));
+                        src = back;
+                        sent.set(n);
+                    }
+                };
+                let beside = std::future::poll_fn(|cx| {
+                    let now = sent.get();
+                    most = most.max(now - seen);
+                    seen = now;
+                    if now == SENDS {
+                        return std::task::Poll::Ready(());
+                    }
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                });
+                let both = futures::future::join(looping, beside);
+                if on_tokio {
+                    tokio.block_on(both);
+                } else {
+                    a.block_on(both);
+                }
+                taker.join().expect("the peer took every message")
+            });
+            assert_eq!(got, SENDS * (SENDS + 1) / 2, "{p}: every message arrived once");
+            let on = if on_tokio { "tokio" } else { "block_on" };
+            assert!(most <= 200, "{p}, {on}: {most} sends in a row before the future beside them ran");
+        });
+        assert_eq!(a.stats().failed + b.stats().failed, 0, "{p}: nothing failed");
+    }
+}

@@ -5,8 +5,8 @@
 //! taking it out of the slot and putting it back: two atomic swaps an op (the stage probe read
 //! 20-45 ns each on the 16-core host).
 //!
-//! A poll after which the future woke itself (a run of spun outcomes yielding) is followed
-//! by the next at once, with no turn between, [`REPOLLS_MAX`] times in a row at most.
+//! A poll after which the future woke itself (a run of ops that never waited, yielding) is
+//! followed by the next at once, with no turn between, [`REPOLLS_MAX`] times in a row at most.
 //!
 //! The reactor goes back to its thread (which then serves everyone as before) when:
 //! - a poll of the future polled no op (see [`op_polled`]); it stays with its thread then

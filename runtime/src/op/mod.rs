@@ -178,6 +178,10 @@ impl<B: IoBuf> Op<B> {
                 }
                 drop(lease);
                 self.inner = Inner::Ready(Some(res));
+                // An op that never waited, as a spun one: one more of the run (`handoff`).
+                if !spin.is_off() {
+                    handoff::took();
+                }
                 NOTHING
             }
             Some(AtOnce::InFlight(cell)) => {
@@ -282,16 +286,29 @@ impl<B: IoBuf> Future for Op<B> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         lent_block_on::op_polled();
-        // Every poll spends the budget, the first before submitting: an op that finishes as it
-        // is posted (a small send the provider copies, now or at `start`) is never pending, so
-        // the budget alone makes a loop of them yield to what it is joined with.
+        // Under the inline driver every poll spends the budget, the first before submitting: an
+        // op that finishes as it is posted (a small send the provider copies, now or at
+        // `start`) is never pending, so the budget alone makes a loop of them yield to what it
+        // is joined with. Elsewhere the run's span does (below).
         if !inline::coop_proceed() {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
         // The poll's hold on the lent reactor: taken by the submission or the spin, put back
         // when the poll returns (at once where its task parks, see `driver::lend`).
+        let fresh = matches!(this.inner, Inner::Unsubmitted(..));
         let (standing, own) = this.submit(true);
+        // Finished as it was posted (a small send the provider copies): a loop of such ops
+        // never waits, nor spins, so its run of outcomes yields here once it has lasted its
+        // span, after the post, with the outcome kept for the next poll (see `handoff`).
+        // Without it, the inline driver's poll budget aside, nothing would make the loop let
+        // what it is joined with run, and a keeping `block_on` would turn no reactor meanwhile.
+        if fresh && matches!(this.inner, Inner::Ready(_)) && handoff::yield_due() {
+            debug_assert!(standing.is_free(), "an op that finished at once holds nothing");
+            drop(own);
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         let lend = this.take_lend();
         debug_assert!(lend.is_some() || standing.is_free(), "a hold goes on only in a pending op's lend");
         let mut lease = lend.as_deref().map(|l| l.lease_at(standing));
