@@ -121,8 +121,10 @@ pub(super) fn watch_peer(
                     Ok(Err(e)) => return format!("control connection: {e}"),
                     Ok(Ok(Err(why))) => return format!("control protocol violated: {why}"),
                     Ok(Ok(Ok(Ctl::Heartbeat))) => continue,
+                    // The peer's own words, quoted: a newline in them must not pass for a line
+                    // of ours where the reason is logged or shown.
                     Ok(Ok(Ok(Ctl::Goodbye { reason }))) => {
-                        return format!("the peer gave up on us: {reason}")
+                        return format!("the peer gave up on us: {reason:?}")
                     }
                     Ok(Ok(Ok(Ctl::Asleep { rails }))) => {
                         // Only the rails not already said to sleep.
