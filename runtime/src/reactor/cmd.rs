@@ -29,6 +29,21 @@ impl GroupId {
     pub(crate) const FIRST: GroupId = GroupId(0);
 }
 
+/// One connection to a peer, as this runtime added it. A removed peer's slot goes to the next
+/// peer added, so what is said about a peer after its removal (a loss its control connection's
+/// task reports late, a message that task read) names the connection too, and finds no peer
+/// of that link in the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerLink(pub(crate) u64);
+
+impl PeerLink {
+    /// A link no other connection of this process has had.
+    pub(crate) fn fresh() -> PeerLink {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        PeerLink(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// Where a peer sits in each rail group's reactor.
 #[derive(Debug)]
 pub(crate) struct PeerSlots {
@@ -38,6 +53,8 @@ pub(crate) struct PeerSlots {
     /// Its slot in each group's reactor, `None` where the group holds none of its lanes
     /// (`by_group[0]` is `Some(first)`); index it with [`PeerSlots::of`].
     pub by_group: Vec<Option<PeerSlot>>,
+    /// The connection these slots hold.
+    pub link: PeerLink,
 }
 
 impl PeerSlots {
@@ -162,6 +179,8 @@ pub(crate) enum Cmd {
         /// The peer runtime's id: ops name their peer by slot and id, so a reused slot is
         /// never mistaken for the peer an op was made for.
         id: u64,
+        /// The connection (see [`PeerLink`]).
+        link: PeerLink,
         lanes: Vec<PeerLane>,
         /// The peer's rails: its lane with place i runs on `map.rail_of(i)`.
         map: LaneMap,
@@ -177,6 +196,7 @@ pub(crate) enum Cmd {
     /// The endpoint handle is gone: fail what is pending and close the lanes.
     RemovePeer {
         slot: PeerSlot,
+        link: PeerLink,
     },
     /// Set a tenant's bulk weight.
     SetWeight {
@@ -186,12 +206,15 @@ pub(crate) enum Cmd {
     /// The control connection to the peer broke: fail what is pending.
     PeerLost {
         slot: PeerSlot,
+        link: PeerLink,
         reason: String,
     },
-    /// The peer in `slot` (runtime `peer_id`) sent a message on its control connection. The
-    /// credit, held until the message is handled, bounds what one peer has queued.
+    /// The peer in `slot` (runtime `peer_id`, connection `link`) sent a message on its control
+    /// connection. The credit, held until the message is handled, bounds what one peer has
+    /// queued.
     Control {
         slot: PeerSlot,
+        link: PeerLink,
         peer_id: u64,
         msg: Ctl,
         credit: Option<Credit>,

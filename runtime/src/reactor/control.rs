@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::action::Outbox;
 use super::audit::Question;
-use super::cmd::PeerSlot;
+use super::cmd::{PeerLink, PeerSlot};
 use super::rendezvous::PeerRef;
 use super::{InFlight, Phase, Reactor};
 use crate::base::control::Ctl;
@@ -41,16 +41,16 @@ impl Reactor {
         if refused != Some(Refused::Backlog) {
             return;
         }
-        let Some(id) = self.peers.get(slot).map(|p| p.id) else { return };
-        if !self.backlogged.contains(&(slot, id)) {
-            self.backlogged.push((slot, id));
+        let Some(link) = self.peers.get(slot).map(|p| p.link) else { return };
+        if !self.backlogged.contains(&(slot, link)) {
+            self.backlogged.push((slot, link));
         }
     }
 
     /// Give up on the peers that left their control messages unread.
     pub(super) fn drop_backlogged(&mut self) {
-        for (slot, id) in std::mem::take(&mut self.backlogged) {
-            if self.peers.get(slot).is_some_and(|p| p.id == id) {
+        for (slot, link) in std::mem::take(&mut self.backlogged) {
+            if self.peers.get(slot).is_some_and(|p| p.link == link) {
                 let why = format!("it left {BACKLOG} control messages unread");
                 self.drop_peer(slot, why);
             }
@@ -58,8 +58,8 @@ impl Reactor {
     }
 
     /// A message on a peer's control connection.
-    pub(super) fn on_control(&mut self, slot: PeerSlot, peer_id: u64, msg: Ctl) {
-        let Some(p) = self.peers.get(slot).filter(|p| p.id == peer_id && p.lost().is_none()) else {
+    pub(super) fn on_control(&mut self, slot: PeerSlot, link: PeerLink, peer_id: u64, msg: Ctl) {
+        let Some(p) = self.peers.get(slot).filter(|p| p.link == link && p.lost().is_none()) else {
             return;
         };
         let label = p.label.clone();

@@ -20,7 +20,7 @@ mod testing;
 #[cfg(test)]
 pub(crate) mod tests;
 
-use crate::reactor::cmd::{GroupId, PeerSlot};
+use crate::reactor::cmd::{GroupId, PeerLink, PeerSlot};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -148,10 +148,10 @@ pub(crate) struct Reactor {
     /// follows a marker) before we give up on it: `PATIENCE_MIN`, or twice the peer timeout
     /// where that is longer (each control write may take up to a peer timeout).
     patience: Duration,
-    /// Peers whose control outbox refused a message (they stopped reading it), by slot and id
-    /// (the slot may have a new peer by then): dropped at the start of the next turn, where no
-    /// op of theirs is half-way through the reactor.
-    backlogged: Vec<(PeerSlot, u64)>,
+    /// Peers whose control outbox refused a message (they stopped reading it), by slot and
+    /// link (the slot may have a new peer by then): dropped at the start of the next turn, where
+    /// no op of theirs is half-way through the reactor.
+    backlogged: Vec<(PeerSlot, PeerLink)>,
 }
 
 /// The least patience with a peer's answers.
@@ -359,14 +359,16 @@ impl Reactor {
             Cmd::OpenLanes { rails, reply } => {
                 let _ = reply.send(self.open_lanes(rails));
             }
-            Cmd::AddPeer { id, lanes, map, label, ctl, reply } => {
-                let _ = reply.send(self.add_peer(id, lanes, map, label, ctl));
+            Cmd::AddPeer { id, link, lanes, map, label, ctl, reply } => {
+                let _ = reply.send(self.add_peer(id, link, lanes, map, label, ctl));
             }
             Cmd::CloseLanes { lanes } => lanes.iter().for_each(|&l| self.t.close_lane(l)),
-            Cmd::RemovePeer { slot } => self.remove_peer(slot),
-            Cmd::PeerLost { slot, reason } => self.peer_lost(slot, reason),
+            Cmd::RemovePeer { slot, link } => self.remove_peer(slot, link),
+            Cmd::PeerLost { slot, link, reason } => self.peer_lost(slot, link, reason),
             // The credit goes once the message is handled.
-            Cmd::Control { slot, peer_id, msg, credit: _credit } => self.on_control(slot, peer_id, msg),
+            Cmd::Control { slot, link, peer_id, msg, credit: _credit } => {
+                self.on_control(slot, link, peer_id, msg)
+            }
         }
     }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
-use super::cmd::{OpenedLane, PeerLane, PeerSlot};
+use super::cmd::{OpenedLane, PeerLane, PeerLink, PeerSlot};
 use super::{Phase, Reactor};
 use crate::base::control::Ctl;
 use crate::base::control_outbox::OutboxTx;
@@ -18,6 +18,8 @@ use crate::base::transport::{LaneId, PeerAddr, RailId, RailSet};
 pub(super) struct Peer {
     /// The peer runtime's id.
     pub(super) id: u64,
+    /// The connection: what is said about the peer names it, the slot alone being reused.
+    pub(super) link: PeerLink,
     pub(super) label: Arc<str>,
     /// Our lanes to the peer, with where each reaches it. The first carries messages.
     pub(super) lanes: Vec<Route>,
@@ -47,10 +49,6 @@ impl Peers {
 
     pub(super) fn get_mut(&mut self, slot: PeerSlot) -> Option<&mut Peer> {
         self.0.get_mut(slot.0)
-    }
-
-    pub(super) fn contains(&self, slot: PeerSlot) -> bool {
-        self.0.contains(slot.0)
     }
 
     pub(super) fn insert(&mut self, p: Peer) -> PeerSlot {
@@ -135,9 +133,16 @@ pub(super) enum PeerState {
 }
 
 impl Peer {
-    /// A peer reached over `lanes` (our lane, its address, the peer's rail there; the first
-    /// carries messages), with `rails` rails, told things on `ctl`.
-    pub(super) fn new(id: u64, label: String, lanes: Vec<Route>, rails: usize, ctl: OutboxTx) -> Peer {
+    /// Runtime `id`'s connection `link`, reached over `lanes` (our lane, its address, the
+    /// peer's rail there; the first carries messages), with `rails` rails, told things on `ctl`.
+    pub(super) fn new(
+        id: u64,
+        link: PeerLink,
+        label: String,
+        lanes: Vec<Route>,
+        rails: usize,
+        ctl: OutboxTx,
+    ) -> Peer {
         let lane_ids: Arc<[LaneId]> = lanes.iter().map(|r| r.lane).collect();
         let msg_lane = lane_ids[..1.min(lane_ids.len())].into();
         // Behind the express lane (place 0), where this group holds it, bulk rotates over the
@@ -146,6 +151,7 @@ impl Peer {
         let bulk_lanes = if express && lane_ids.len() > 1 { lane_ids[1..].into() } else { lane_ids.clone() };
         Peer {
             id,
+            link,
             label: label.into(),
             lanes,
             lane_ids,
@@ -309,6 +315,7 @@ impl Reactor {
     pub(super) fn add_peer(
         &mut self,
         id: u64,
+        link: PeerLink,
         lanes: Vec<PeerLane>,
         map: LaneMap,
         label: String,
@@ -326,7 +333,7 @@ impl Reactor {
             })
             .collect();
         match res {
-            Ok(connected) => Ok(self.peers.insert(Peer::new(id, label, connected, map.rails, ctl))),
+            Ok(connected) => Ok(self.peers.insert(Peer::new(id, link, label, connected, map.rails, ctl))),
             Err(e) => {
                 lanes.iter().for_each(|l| self.t.close_lane(l.lane));
                 Err(e)
@@ -335,8 +342,8 @@ impl Reactor {
     }
 
     /// The endpoint handle is gone: fail what is pending, close the lanes, forget the peer.
-    pub(super) fn remove_peer(&mut self, slot: PeerSlot) {
-        if self.peers.contains(slot) {
+    pub(super) fn remove_peer(&mut self, slot: PeerSlot, link: PeerLink) {
+        if self.peers.get(slot).is_some_and(|p| p.link == link) {
             self.lose_peer(slot, "endpoint closed".into());
             self.peers.remove(slot);
             // Its slot may go to the next peer added, which stopped reading nothing.
@@ -344,9 +351,10 @@ impl Reactor {
         }
     }
 
-    /// The peer's control connection broke: fail what is pending, close the lanes.
-    pub(super) fn peer_lost(&mut self, slot: PeerSlot, reason: String) {
-        if self.peers.get(slot).is_some_and(|p| p.lost().is_none()) {
+    /// The peer's control connection broke: fail what is pending, close the lanes. (A loss
+    /// reported after its endpoint removed it names a link no peer in the slot has.)
+    pub(super) fn peer_lost(&mut self, slot: PeerSlot, link: PeerLink, reason: String) {
+        if self.peers.get(slot).is_some_and(|p| p.link == link && p.lost().is_none()) {
             tracing::info!(peer = %self.peers[slot].label, %reason, "peer lost");
             self.lose_peer(slot, reason);
         }

@@ -1,7 +1,7 @@
 //! The reactor over the scripted transport: every post and completion is the test's to order,
 //! time is passed in, and nothing sleeps. The real-provider suites prove the same paths on
 //! tcp, shm and verbs; these pin down the orders a provider rarely produces.
-use crate::reactor::cmd::PeerSlot;
+use crate::reactor::cmd::{PeerLink, PeerSlot};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -24,6 +24,7 @@ pub(crate) struct Rig {
     pub script: Script,
     counters: Arc<Counters>,
     slot: PeerSlot,
+    link: PeerLink,
     pub told: OutboxRx,
     now: Instant,
     /// The memory ops name (the scripted transport never touches it).
@@ -78,9 +79,10 @@ fn rig_mapped(sched: SchedConfig, lanes: usize, max_msg_size: usize, map: LaneMa
         .collect();
     let (ctl, told) = outbox();
     let (reply, got) = mpsc::sync_channel(1);
-    r.handle(Cmd::AddPeer { id: 7, lanes: mine, map, label: "peer".into(), ctl, reply });
+    let link = PeerLink::fresh();
+    r.handle(Cmd::AddPeer { id: 7, link, lanes: mine, map, label: "peer".into(), ctl, reply });
     let slot = got.recv().expect("a reply").expect("a peer");
-    Rig { r, script, counters, slot, told, now: Instant::now(), mem: vec![0; 1 << 20], tx, idle }
+    Rig { r, script, counters, slot, link, told, now: Instant::now(), mem: vec![0; 1 << 20], tx, idle }
 }
 
 impl Rig {
@@ -302,7 +304,7 @@ fn a_lost_peer_fails_what_is_queued_and_posted_and_frees_buffers_once_its_lanes_
     let dropped = g.write(16 << 10);
     g.turns(1);
     let freed = drop_future(dropped);
-    g.r.handle(Cmd::PeerLost { slot: g.slot, reason: "heartbeats stopped".into() });
+    g.r.handle(Cmd::PeerLost { slot: g.slot, link: g.link, reason: "heartbeats stopped".into() });
     let lost = |c: &Arc<OpCell>| match c.outcome() {
         Some(Err(Error::PeerLost { reason, .. })) => reason.contains("heartbeats stopped"),
         _ => false,
@@ -315,6 +317,46 @@ fn a_lost_peer_fails_what_is_queued_and_posted_and_frees_buffers_once_its_lanes_
     let late = g.write(16);
     assert!(lost(&late), "a new op fails at once");
     assert!(!g.r.busy() && g.r.sched.is_empty());
+}
+
+/// A removed peer's slot goes to the next peer added. Its control connection's task may still
+/// report the old connection's loss (it was finishing a read as the endpoint went), or hand on
+/// a message it read: they name the old link, and the new peer in the slot stays live.
+#[test]
+fn what_comes_late_about_a_removed_peer_leaves_the_next_in_its_slot_alone() {
+    let mut g = rig(split_config(1), 1);
+    let old = g.link;
+    g.r.handle(Cmd::RemovePeer { slot: g.slot, link: old });
+    let (reply, got) = mpsc::sync_channel(1);
+    g.r.handle(Cmd::OpenLanes { rails: vec![0], reply });
+    let opened = got.recv().expect("a reply").expect("lanes");
+    let mine = opened
+        .into_iter()
+        .enumerate()
+        .map(|(place, o)| super::cmd::PeerLane { lane: o.lane, peer_name: o.name, place })
+        .collect();
+    let (ctl, _told) = outbox();
+    let (reply, got) = mpsc::sync_channel(1);
+    let new = PeerLink::fresh();
+    let (map, label) = (LaneMap::SINGLE, "peer again".to_string());
+    g.r.handle(Cmd::AddPeer { id: 7, link: new, lanes: mine, map, label, ctl, reply });
+    let slot = got.recv().expect("a reply").expect("a peer");
+    assert_eq!(slot, g.slot, "the freed slot is reused");
+    g.r.handle(Cmd::PeerLost { slot, link: old, reason: "control connection closed".into() });
+    g.r.on_control(slot, old, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
+    g.r.handle(Cmd::RemovePeer { slot, link: old });
+    assert!(g.r.peers.get(slot).is_some_and(|p| p.link == new && p.lost().is_none()), "the new peer is live");
+    let closed = g.script.closed().len();
+    let cell = g.write(16);
+    let posted = g.script.pending();
+    assert_eq!(posted.len(), 1, "its op is posted");
+    g.script.complete(posted[0].id, Ok(()));
+    g.turns(1);
+    assert!(matches!(cell.outcome(), Some(Ok(d)) if d.len == 16), "and completes");
+    assert_eq!(g.script.closed().len(), closed, "no lane of the new peer closed");
+    // Its own loss, named by its link, still counts.
+    g.r.handle(Cmd::PeerLost { slot, link: new, reason: "control connection closed".into() });
+    assert!(g.r.peers.get(slot).is_some_and(|p| p.lost().is_some()), "the new peer's own loss counts");
 }
 
 #[test]
@@ -366,7 +408,7 @@ fn a_send_above_the_largest_message_goes_by_rendezvous_and_completes_once_the_pe
     g.script.complete(marker[0].id, Ok(()));
     g.turns(1);
     assert!(cell.outcome().is_none(), "the peer has not read it yet");
-    g.r.on_control(g.slot, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Done { token, outcome: Pulled::Whole });
     assert!(matches!(cell.outcome(), Some(Ok(d)) if d.len == 256 << 10));
     assert_eq!(g.script.deregistered().len(), 1, "the offered buffer is no longer exposed");
 }
@@ -397,7 +439,7 @@ fn large_sends_past_what_the_peer_accepts_are_held_back_with_a_typed_error() {
     let marker = g.script.pending().into_iter().find(|w| w.kind == WrKind::Send { imm: Some(token as u64) });
     g.script.complete(marker.expect("its marker").id, Ok(()));
     g.turns(1);
-    g.r.on_control(g.slot, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Done { token, outcome: Pulled::Whole });
     assert!(first.outcome().is_some_and(|r| r.is_ok()));
     let next = send(&mut g);
     g.turns(1);
@@ -418,7 +460,7 @@ fn a_receive_that_gets_a_marker_reads_the_offered_message_and_answers_the_sender
         &[44],
         crate::base::transport::Access::READ,
     );
-    g.r.on_control(g.slot, 7, Ctl::Offer { token: 3, desc });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Offer { token: 3, desc });
     g.script.complete_with(posted[0].id, Some(0), Some(3), Ok(()));
     let mut reads = 0;
     for _ in 0..64 {
@@ -444,7 +486,7 @@ fn a_cancelled_write_is_asked_about_and_fails_as_a_refusal_when_its_target_says_
         panic!("the target should be asked, told {told:?}");
     };
     assert!(cell.outcome().is_none(), "the op waits for the verdict");
-    g.r.on_control(g.slot, 7, Ctl::Verdict { token, verdict: Verdict::NotPermitted });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Verdict { token, verdict: Verdict::NotPermitted });
     assert!(
         matches!(cell.outcome(), Some(Err(Error::RemoteAccess { op: OpKind::Write, .. }))),
         "the refusal ends the op as one"
@@ -497,7 +539,7 @@ fn a_cancelled_read_of_an_offered_message_answers_its_sender_once_the_verdict_is
     let posted = g.script.pending();
     let desc =
         crate::base::remote::RemoteBuf::new(0, 0x5000, 4096, &[44], crate::base::transport::Access::READ);
-    g.r.on_control(g.slot, 7, Ctl::Offer { token: 3, desc });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Offer { token: 3, desc });
     g.script.complete_with(posted[0].id, Some(0), Some(3), Ok(()));
     g.turns(1);
     let read = g.script.pending();
@@ -510,7 +552,7 @@ fn a_cancelled_read_of_an_offered_message_answers_its_sender_once_the_verdict_is
         panic!("the sender should be asked about its key");
     };
     assert!(recv.outcome().is_none(), "the receive waits for the verdict");
-    g.r.on_control(g.slot, 7, Ctl::Verdict { token, verdict: Verdict::Allowed });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Verdict { token, verdict: Verdict::Allowed });
     assert_eq!(g.told(), vec![Ctl::Done { token: 3, outcome: Pulled::Failed }], "the sender hears once");
     match recv.outcome() {
         Some(Err(Error::Transport { source, .. })) => assert_eq!(source.class, FailureClass::Cancelled),
@@ -525,7 +567,7 @@ fn a_sleeping_peer_reactor_is_kicked_only_by_ops_that_reach_its_rails() {
     let send = |g: &mut Rig| g.submit(OpKind::Send, WrKind::Send { imm: None }, 16);
     let (express, bulk) = (RailSet::of([RailId(0)]), RailSet::of([RailId(1)]));
     // Its idle bulk reactor naps.
-    g.r.on_control(g.slot, 7, Ctl::Asleep { rails: bulk });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Asleep { rails: bulk });
     for _ in 0..3 {
         send(&mut g);
         g.turns(1);
@@ -538,7 +580,7 @@ fn a_sleeping_peer_reactor_is_kicked_only_by_ops_that_reach_its_rails() {
     g.turns(1);
     assert_eq!(g.told(), vec![Ctl::Kick { rails: bulk }]);
     // Its express reactor naps too: the next message kicks that one.
-    g.r.on_control(g.slot, 7, Ctl::Asleep { rails: express });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Asleep { rails: express });
     send(&mut g);
     g.turns(1);
     assert_eq!(g.told(), vec![Ctl::Kick { rails: express }]);
@@ -551,7 +593,7 @@ fn a_reactor_about_to_sleep_names_its_rails_once_per_kick() {
     g.r.announce_sleep();
     g.r.announce_sleep();
     assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }], "once until kicked");
-    g.r.on_control(g.slot, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
     g.r.announce_sleep();
     assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }]);
 }
@@ -568,7 +610,7 @@ fn a_peer_that_leaves_its_control_messages_unread_is_dropped_once_its_outbox_is_
     }
     // One more message: refused, and the peer is dropped at the next turn, not half-way
     // through what told it.
-    g.r.on_control(g.slot, 7, Ctl::Check { token: 1, key: 9, addr: 0, len: 1, write: true });
+    g.r.on_control(g.slot, g.link, 7, Ctl::Check { token: 1, key: 9, addr: 0, len: 1, write: true });
     let early = write.outcome();
     assert!(early.is_none(), "nothing is dropped half-way: {early:?}");
     g.turns(1);

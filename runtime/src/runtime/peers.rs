@@ -9,7 +9,7 @@ use crate::base::control_outbox::OutboxTx;
 use crate::base::error::{Error, OpKind, Result};
 use crate::base::lane_map::LaneMap;
 use crate::base::transport::{LaneId, RailSet};
-use crate::reactor::cmd::{Cmd, GroupId, PeerLane, PeerSlot, PeerSlots};
+use crate::reactor::cmd::{Cmd, GroupId, PeerLane, PeerLink, PeerSlot, PeerSlots};
 
 impl Runtime {
     /// Open `n` lanes for a new peer: lane i on rail `map.rail_of(i)`, by that rail's group.
@@ -62,6 +62,7 @@ impl Runtime {
         ctl: OutboxTx,
     ) -> Result<Slots> {
         let mut slots: Vec<Option<PeerSlot>> = vec![None; self.inner.groups.len()];
+        let link = PeerLink::fresh();
         for (g, _) in self.groups() {
             let mine: Vec<PeerLane> = (0..lanes.len())
                 .filter(|&i| lanes[i].group == g)
@@ -74,6 +75,7 @@ impl Runtime {
             let res = self
                 .call_on(g, OpKind::Connect, |reply| Cmd::AddPeer {
                     id,
+                    link,
                     lanes: mine,
                     map,
                     label: l,
@@ -86,7 +88,7 @@ impl Runtime {
                 Err(e) => {
                     // Undo: the groups done lose the peer (closing its lanes), the others'
                     // lanes close (this group's failed add closed its own).
-                    self.each_slot(&slots, |slot| Cmd::RemovePeer { slot });
+                    self.each_slot(&slots, |slot| Cmd::RemovePeer { slot, link });
                     let rest = lanes.into_iter().filter(|l| l.group > g).collect();
                     self.close_lanes(rest);
                     return Err(e);
@@ -95,13 +97,13 @@ impl Runtime {
         }
         let Some(first) = slots[0] else {
             // Lane 0 (the express lane) is on rail 0, which the first group holds.
-            self.each_slot(&slots, |slot| Cmd::RemovePeer { slot });
+            self.each_slot(&slots, |slot| Cmd::RemovePeer { slot, link });
             return Err(Error::invalid(
                 OpKind::Connect,
                 "the first rail group holds none of the peer's lanes",
             ));
         };
-        Ok(Arc::new(PeerSlots { first, by_group: slots }))
+        Ok(Arc::new(PeerSlots { first, by_group: slots, link }))
     }
 
     pub(crate) fn close_lanes(&self, lanes: Vec<Lane>) {
@@ -114,11 +116,13 @@ impl Runtime {
     }
 
     pub(crate) fn remove_peer(&self, slots: &Slots) {
-        self.each_slot(&slots.by_group, |slot| Cmd::RemovePeer { slot });
+        let link = slots.link;
+        self.each_slot(&slots.by_group, |slot| Cmd::RemovePeer { slot, link });
     }
 
     pub(crate) fn peer_lost(&self, slots: &Slots, reason: String) {
-        self.each_slot(&slots.by_group, |slot| Cmd::PeerLost { slot, reason: reason.clone() });
+        let link = slots.link;
+        self.each_slot(&slots.by_group, |slot| Cmd::PeerLost { slot, link, reason: reason.clone() });
     }
 
     /// Send `make(slot)` to each group's reactor that holds the peer.
@@ -138,10 +142,12 @@ impl Runtime {
     /// message's place in the peer's inbox, held until it is handled (a sleep or kick, which
     /// the connection passes on only once per announcement of ours, goes without).
     pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl, credit: Credit) {
+        let link = slots.link;
         let to = match &msg {
             Ctl::Asleep { .. } if slots.by_group.len() > 1 => {
                 return self.each_slot(&slots.by_group, |slot| Cmd::Control {
                     slot,
+                    link,
                     peer_id,
                     msg: msg.clone(),
                     credit: None,
@@ -152,7 +158,7 @@ impl Runtime {
                     let mine = rails.and(RailSet::of(group.rails.iter().copied()));
                     if let (Some(slot), false) = (*slot, mine.is_empty()) {
                         let msg = Ctl::Kick { rails: mine };
-                        let _ = group.send(Cmd::Control { slot, peer_id, msg, credit: None });
+                        let _ = group.send(Cmd::Control { slot, link, peer_id, msg, credit: None });
                     }
                 }
                 return;
@@ -161,7 +167,7 @@ impl Runtime {
             _ => GroupId::FIRST,
         };
         if let Some(slot) = slots.of(to) {
-            let _ = self.group(to).send(Cmd::Control { slot, peer_id, msg, credit: Some(credit) });
+            let _ = self.group(to).send(Cmd::Control { slot, link, peer_id, msg, credit: Some(credit) });
         }
     }
 }
