@@ -349,6 +349,48 @@ fn messages_above_the_largest_message_arrive_whole_and_in_their_place() {
 }
 
 #[test]
+fn a_shutdown_lets_a_peer_finish_reading_a_send() {
+    // A send above the largest message goes by rendezvous: once its marker is out, the peer
+    // reads the bytes when its application posts a receive. A shutdown meanwhile gives that
+    // send the time posted ops get: the peer reads it whole, the send succeeds, and the stop
+    // ends with the peer's answer, not at its two-second deadline.
+    bounded(120, async {
+        for p in rdmalane_conformance::providers() {
+            let (a, b) = (capped(p, 4096), capped(p, 4096));
+            let (ab, ba) = pair(&a, &b).await;
+            let mut m = a.alloc(50_000).unwrap();
+            m.copy_from_slice(&pattern(50_000, 3));
+            let posted = a.stats().posted;
+            let send = ab.send(m).start();
+            while a.stats().posted == posted {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            // The offer reaches b, whose application has no receive posted yet.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let stopping = {
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    let t = std::time::Instant::now();
+                    a.shutdown();
+                    t.elapsed()
+                })
+            };
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let (r, got) = ba.recv(b.alloc(70_000).unwrap()).await;
+            assert_eq!(r.unwrap_or_else(|e| panic!("{p}: the receive: {e}")), 50_000, "{p}");
+            assert!(got[..50_000] == pattern(50_000, 3)[..], "{p}: the bytes read differ");
+            let (r, _) = send.await;
+            assert_eq!(r.unwrap_or_else(|e| panic!("{p}: the send, read whole: {e}")), 50_000, "{p}");
+            let took = tokio::task::spawn_blocking(move || stopping.join().expect("the stop"))
+                .await
+                .expect("joined");
+            assert!(took < std::time::Duration::from_millis(1900), "{p}: the stop took {took:?}");
+            drop((ab, ba));
+        }
+    });
+}
+
+#[test]
 fn shm_checks_one_sided_ops_unless_local_peers_are_trusted() {
     // By default shm routes one-sided ops through the target, which checks them (the forged
     // descriptor test above runs that way); trusting local peers takes shm's unchecked fast

@@ -15,8 +15,8 @@ use crate::base::stats::Counters;
 pub(crate) enum Phase {
     /// Serving ops.
     Running,
-    /// Stopping: nothing new starts, queued ops have failed, posted ones get until `deadline`
-    /// to complete.
+    /// Stopping: nothing new starts, queued ops have failed, posted ones (sends a peer is
+    /// reading by rendezvous among them) get until `deadline` to complete.
     Draining { deadline: Instant },
     /// Drained. The first group waits (until `deadline`) for the others to drain before it
     /// tells the peers goodbye.
@@ -92,7 +92,9 @@ impl Reactor {
                 if !self.backlogged.is_empty() {
                     self.drop_backlogged();
                 }
-                if self.active > 0 && now < deadline {
+                // A send the peer is still reading (its offer taken, its answer to come) is
+                // posted too: it gets the same time, its answer a command served meanwhile.
+                if (self.active > 0 || self.rndv.open()) && now < deadline {
                     self.reap();
                     return false;
                 }

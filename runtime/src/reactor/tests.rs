@@ -414,6 +414,41 @@ fn a_send_above_the_largest_message_goes_by_rendezvous_and_completes_once_the_pe
 }
 
 #[test]
+fn a_shutdown_gives_a_send_the_peer_is_reading_its_time_to_finish() {
+    let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
+    let cell = g.submit(OpKind::Send, WrKind::Send { imm: None }, 256 << 10);
+    g.turns(1);
+    let Some(Ctl::Offer { token, .. }) = g.told().first().cloned() else { panic!("offered") };
+    let marker = g.script.pending();
+    g.script.complete(marker[0].id, Ok(()));
+    g.turns(1);
+    let start = g.now;
+    g.r.begin_shutdown(start + Duration::from_secs(2));
+    assert!(!g.r.shutdown_step(start + Duration::from_millis(1)));
+    assert!(matches!(g.r.phase, Phase::Draining { .. }), "the peer is still reading the send");
+    assert!(cell.outcome().is_none() && g.script.closed().is_empty());
+    g.r.on_control(g.slot, g.link, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    assert!(matches!(cell.outcome(), Some(Ok(d)) if d.len == 256 << 10), "read whole, it succeeds");
+    assert!(!g.r.shutdown_step(start + Duration::from_millis(2)), "drained");
+    assert!(g.r.shutdown_step(start + Duration::from_millis(3)));
+    assert_eq!(g.script.closed(), vec![LaneId(0)]);
+    // A send the peer never finishes reading fails with the shutdown at its deadline.
+    let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
+    let cell = g.submit(OpKind::Send, WrKind::Send { imm: None }, 256 << 10);
+    g.turns(1);
+    let marker = g.script.pending();
+    g.script.complete(marker[0].id, Ok(()));
+    g.turns(1);
+    let start = g.now;
+    g.r.begin_shutdown(start + Duration::from_secs(2));
+    assert!(!g.r.shutdown_step(start + Duration::from_secs(1)));
+    assert!(cell.outcome().is_none(), "still within the deadline");
+    assert!(!g.r.shutdown_step(start + Duration::from_secs(2)), "the deadline passes");
+    assert!(g.r.shutdown_step(start + Duration::from_secs(2)));
+    assert!(matches!(cell.outcome(), Some(Err(Error::Shutdown { op: OpKind::Send }))));
+}
+
+#[test]
 fn large_sends_past_what_the_peer_accepts_are_held_back_with_a_typed_error() {
     use super::rendezvous::MAX_OFFERS;
     let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);

@@ -68,8 +68,11 @@ struct Group {
 impl Group {
     fn send(&self, cmd: Cmd) -> Result<(), Cmd> {
         // A stopping reactor takes no new work, but still deregisters: its transport may let
-        // peers reach the memory until it is closed, so the memory must go after, not now.
-        if self.idle.shutdown.load(Ordering::Acquire) && !matches!(cmd, Cmd::Deregister { .. }) {
+        // peers reach the memory until it is closed, so the memory must go after, not now. And
+        // it still hears its peers: what it drains may wait on their answers (a send a peer
+        // reads by rendezvous ends with the peer's word that it has).
+        let still = matches!(cmd, Cmd::Deregister { .. } | Cmd::Control { .. });
+        if self.idle.shutdown.load(Ordering::Acquire) && !still {
             return Err(cmd);
         }
         self.tx.send(cmd).map_err(|e| e.0)?;
