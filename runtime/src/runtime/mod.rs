@@ -297,9 +297,9 @@ impl Runtime {
 
     /// Stop the reactor now, with handles (buffers, endpoints, ops) still alive: queued ops fail
     /// with `Error::Shutdown`, posted ones (sends a peer is reading by rendezvous among them) get
-    /// up to two seconds to complete (those that do not
-    /// fail with `Error::Shutdown` once their lanes are closed, after which no NIC touches their
-    /// buffers), and every later op fails with `Error::Shutdown`. Dropping the last handle does
+    /// up to two seconds to complete (those that do not fail with `Error::Shutdown` once their
+    /// lanes are closed, after which no NIC touches their buffers), and every later op fails
+    /// with `Error::Shutdown`. Dropping the last handle does
     /// the same. Where another thread's `block_on` holds the inline reactor, that thread carries
     /// the stop out at its next turn; this waits for it up to three seconds.
     pub fn shutdown(&self) {
