@@ -14,8 +14,10 @@
 //!   copy `k` (mirror → device) starts as soon as the transfer that fills it has landed. The
 //!   op is done when the last copy is.
 //!
-//! The first failure ends the plan: nothing more starts, and the driver drops what is in
-//! flight (a dropped transfer keeps its mirror view until its completion, as any op's buffer).
+//! The first failure ends the plan: nothing more starts, and its outcome waits for what is in
+//! flight (copies and transfers already started), so that the op hands the buffer back only
+//! once neither the device nor the NIC touches it. (A dropped op drops its transfers, each
+//! keeping its part of the mirror until its completion, and the buffer waits for its copies.)
 use std::ops::Range;
 
 use crate::base::error::Error;
@@ -189,9 +191,9 @@ impl StagePlan {
         if self.transfer_state.get(j) != Some(&State::Running) {
             return;
         }
+        self.transfer_state[j] = State::Done;
         match res {
             Ok(n) => {
-                self.transfer_state[j] = State::Done;
                 self.landed[j] = n;
                 self.release();
             }
@@ -199,14 +201,33 @@ impl StagePlan {
         }
     }
 
-    /// A copy or a transfer failed: the plan ends with `e` (the first failure wins).
-    pub(crate) fn fail(&mut self, e: Error) {
-        self.failed.get_or_insert(e);
-        self.ready.clear();
+    /// Copy `i` failed (to start, or as it ran): it is over, and the plan fails with `e`.
+    pub(crate) fn copy_failed(&mut self, i: usize, e: Error) {
+        if self.copy_state.get(i) == Some(&State::Running) {
+            self.copy_state[i] = State::Done;
+        }
+        self.fail(e);
     }
 
-    /// How it ended: the bytes moved, or the first failure; `None` while work remains.
+    /// The plan ends with `e` (the first failure wins): what was asked for and not yet handed
+    /// out never starts.
+    fn fail(&mut self, e: Error) {
+        self.failed.get_or_insert(e);
+        for step in std::mem::take(&mut self.ready) {
+            match step {
+                Step::Copy(i) => self.copy_state[i] = State::Waiting,
+                Step::Post(j) => self.transfer_state[j] = State::Waiting,
+            }
+        }
+    }
+
+    /// How it ended: the bytes moved, or the first failure once nothing started is still
+    /// running; `None` while work remains.
     pub(crate) fn outcome(&mut self) -> Option<Result<usize, Error>> {
+        let running = |s: &[State]| s.contains(&State::Running);
+        if self.failed.is_some() && (running(&self.copy_state) || running(&self.transfer_state)) {
+            return None;
+        }
         if let Some(e) = self.failed.take() {
             // Asked once: the failure is handed over, and the plan stays failed.
             self.failed = Some(Error::invalid(e.op(), "staged op already failed"));
@@ -236,8 +257,11 @@ impl StagePlan {
         self.ready.insert(0, Step::Post(j));
     }
 
-    /// Start whatever now has what it depends on.
+    /// Start whatever now has what it depends on (nothing, once the plan failed).
     fn release(&mut self) {
+        if self.failed.is_some() {
+            return;
+        }
         match self.flow {
             Flow::Out => {
                 let n = self.transfers.len();
@@ -375,9 +399,32 @@ mod tests {
         p.copied(1);
         assert_eq!(drain(&mut p), vec![], "nothing starts after a failure");
         p.fail(Error::invalid(OpKind::Write, "second"));
+        assert!(p.outcome().is_none(), "copy 2 still runs: the buffer is not handed back yet");
+        p.copied(2);
         let e = p.outcome().unwrap().unwrap_err();
         assert!(e.to_string().contains("first"), "{e}");
         assert!(p.outcome().unwrap().is_err(), "it stays failed");
+    }
+
+    #[test]
+    fn a_failure_waits_for_what_is_in_flight_and_never_starts_what_was_not_handed_out() {
+        // In: every transfer is posted at once; one fails while the others are with the NIC.
+        let mut p = StagePlan::chunked(Flow::In, 12, 4, false);
+        assert_eq!(drain(&mut p), vec![Step::Post(0), Step::Post(1), Step::Post(2)]);
+        p.transferred(1, Err(Error::invalid(OpKind::Read, "lost")));
+        assert!(p.outcome().is_none(), "transfers 0 and 2 still write the mirror");
+        p.transferred(0, Ok(4));
+        assert_eq!(drain(&mut p), vec![], "its copy does not start after the failure");
+        assert!(p.outcome().is_none());
+        p.transferred(2, Ok(4));
+        let e = p.outcome().unwrap().unwrap_err();
+        assert!(e.to_string().contains("lost"), "{e}");
+        // Out: a copy asked for but never handed out does not run, so nothing waits for it.
+        let mut p = StagePlan::chunked(Flow::Out, 8, 4, false);
+        assert_eq!(p.next(), Some(Step::Copy(0)));
+        p.copy_failed(0, Error::invalid(OpKind::Write, "no device"));
+        assert_eq!(p.copies_running(), 0, "copy 1 was never started");
+        assert!(p.outcome().unwrap().is_err());
     }
 
     #[test]

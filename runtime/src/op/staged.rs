@@ -110,7 +110,7 @@ impl StagedOp {
                         self.copied += range.len();
                         match self.view.start_copy(dir, range) {
                             Ok(t) => self.copies.push((i, t)),
-                            Err(e) => self.plan.fail(e),
+                            Err(e) => self.plan.copy_failed(i, e),
                         }
                     }
                     Step::Post(j) => self.transfers[j] = Some(self.transfer(j)),
@@ -128,7 +128,7 @@ impl StagedOp {
                     Ok(false) => k += 1,
                     Err(e) => {
                         self.copies.swap_remove(k);
-                        self.plan.fail(e);
+                        self.plan.copy_failed(i, e);
                         moved = true;
                     }
                 }
@@ -141,10 +141,10 @@ impl StagedOp {
                     moved = true;
                 }
             }
+            // On failure the plan waits for the copies and transfers in flight: the buffer goes
+            // back to its owner only once neither the device nor the NIC touches it.
             if let Some(out) = self.plan.outcome() {
                 self.rt.count_staged_bytes(self.copied);
-                // On failure, what is still in flight drops with this op: transfers keep their
-                // parts of the mirror in their cells; copies are waited for by the buffer.
                 return Poll::Ready(out);
             }
             if !moved {
