@@ -64,6 +64,14 @@ pub(crate) fn encode(me: &Member, since: Option<u64>) -> Vec<u8> {
 }
 
 /// The member an entry read back describes, or why it is not to be trusted.
+/// Would the others read `me`'s entry? `Err` says why not (what [`decode`] would refuse), so
+/// that a member never publishes an entry every other member drops: it would be invisible.
+pub(crate) fn check(prefix: &str, me: &Member) -> Result<(), String> {
+    let id = me.id.ok_or("it has no runtime id")?;
+    // The largest first revision it may carry later.
+    decode(prefix, key(prefix, id).as_bytes(), &encode(me, Some(u64::MAX)), i64::MAX).map(|_| ())
+}
+
 pub(crate) fn decode(prefix: &str, key: &[u8], value: &[u8], revision: i64) -> Result<Member, String> {
     let Some(id) = id_of(prefix, key) else {
         return Err("its key does not name a member id".into());
@@ -132,6 +140,23 @@ mod tests {
         assert!(decode("/c", k.as_bytes(), &encode(&empty, None), 1).unwrap_err().contains("label"));
         let big = vec![b' '; MAX_ENTRY + 1];
         assert!(decode("/c", k.as_bytes(), &big, 1).unwrap_err().contains("bytes"));
+    }
+
+    #[test]
+    fn an_entry_the_others_would_refuse_is_caught_before_it_is_published() {
+        assert_eq!(check("/c", &me()), Ok(()));
+        let mut m = me();
+        m.label.clear();
+        assert!(check("/c", &m).unwrap_err().contains("label"));
+        let mut m = me();
+        m.addr = "x".repeat(MAX_FIELD + 1);
+        assert!(check("/c", &m).unwrap_err().contains("addr"));
+        let mut m = me();
+        m.meta.insert("blob".into(), "y".repeat(MAX_ENTRY));
+        assert!(check("/c", &m).unwrap_err().contains("bytes"));
+        let mut m = me();
+        m.id = None;
+        assert!(check("/c", &m).unwrap_err().contains("id"));
     }
 
     #[test]

@@ -159,6 +159,13 @@ impl Membership for EtcdMembership {
             let e = Error::invalid(OpKind::Join, "a member published to etcd needs its runtime id");
             return async move { Err(e) }.boxed();
         }
+        // The others drop an entry they cannot read: published, it would leave this member
+        // invisible, with nothing to say so.
+        if let Err(why) = entry::check(&self.opts.prefix, &me) {
+            let e =
+                Error::invalid(OpKind::Join, format!("the others would refuse this member's entry: {why}"));
+            return async move { Err(e) }.boxed();
+        }
         self.ask(|done| Cmd::Publish(me, done))
     }
 
