@@ -263,6 +263,34 @@ fn a_member_whose_entry_is_deleted_under_a_live_lease_publishes_again() {
 }
 
 #[test]
+fn a_member_whose_entry_changes_under_its_id_is_known_as_it_now_reads() {
+    // A runtime that publishes again under its id (it left while etcd was away, then joined
+    // again within the lease with another label or address) overwrites its key, and no
+    // deletion comes between: the others take the new entry as an update of the member.
+    let etcd = EtcdServer::start();
+    bounded(60, async {
+        let pre = prefix("changed");
+        let (_ra, rb, a, _b) = two_members(&etcd, &pre).await;
+        a.wait_for("b", Duration::from_secs(5)).await.expect("a sees b");
+        let mut client = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
+        let key = format!("{pre}/members/{}", id(&rb));
+        let kv = client.get(key.clone(), None).await.expect("get").kvs()[0].clone();
+        let value = String::from_utf8(kv.value().to_vec()).expect("utf-8");
+        assert!(value.contains("\"label\":\"b\""), "{value}");
+        let renamed = value.replace("\"label\":\"b\"", "\"label\":\"b-renamed\"");
+        let lease = etcd_client::PutOptions::new().with_lease(kv.lease());
+        client.put(key, renamed, Some(lease)).await.expect("put");
+        let t = std::time::Instant::now();
+        while !a.members().iter().any(|m| m.label == "b-renamed") {
+            assert!(t.elapsed() < Duration::from_secs(10), "a still knows b as {:?}", a.members());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(a.members().len(), 1, "one member, updated: {:?}", a.members());
+        assert_eq!(a.members()[0].id, Some(id(&rb)));
+    });
+}
+
+#[test]
 fn values_too_large_for_one_reply_neither_hide_members_nor_let_leases_lapse() {
     let etcd = EtcdServer::start();
     bounded(90, async {
