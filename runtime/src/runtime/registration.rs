@@ -77,8 +77,15 @@ impl Runtime {
             }
         }
         if let Some(e) = failure {
-            for (group, GroupReg { id, .. }) in self.inner.groups.iter().zip(regs) {
-                let _ = group.send(Cmd::Deregister { id, keep: None, reply: None });
+            // Undone before the error goes back, as the caller may free the memory then: a
+            // group's registration (a remote one) must not outlive it. (An undo that fails is
+            // counted and logged by its group, as any failed deregistration.)
+            for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
+                let _ = self.call_on(GroupId(g), op, |reply| Cmd::Deregister {
+                    id,
+                    keep: None,
+                    reply: Some(reply),
+                });
             }
             return Err(e);
         }
