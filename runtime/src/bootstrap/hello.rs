@@ -240,6 +240,16 @@ impl HelloReader {
                 Field::Name
             }
             Field::Name => {
+                // Each lane is an endpoint of its own. Two lanes at one address would share
+                // the provider's address-vector entry, which closing either frees under the
+                // other (efa's and shm's count no second user): its requests would then go
+                // nowhere, or to whoever takes the entry next.
+                if self.hello.names.contains(&b) {
+                    return Err(bad(format!(
+                        "lane {} repeats an earlier lane's address",
+                        self.hello.names.len()
+                    )));
+                }
                 self.hello.names.push(b);
                 if self.hello.names.len() == self.lanes {
                     return Ok(Some(std::mem::replace(&mut self.hello, HelloReader::default().hello)));
@@ -312,6 +322,14 @@ mod tests {
     }
 
     #[test]
+    fn a_lane_address_given_twice_is_refused() {
+        let bytes = sample(vec![vec![1, 2], vec![3], vec![1, 2]], "shm".into(), 1).encode();
+        let e = HelloReader::default().take(&bytes).unwrap_err();
+        assert_eq!(e.reason, RefusalReason::BadHello);
+        assert!(e.detail.contains("lane 2 repeats"), "{e:?}");
+    }
+
+    #[test]
     fn an_oversized_field_is_refused_before_it_is_read() {
         let mut bytes = sample(vec![vec![1]], "tcp".into(), 1).encode();
         // The provider length field sits after magic, version, id, nonce, flags and rails.
@@ -325,11 +343,12 @@ mod tests {
     proptest! {
         #[test]
         fn hellos_round_trip_in_any_pieces(
-            names in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..300), 1..8),
+            names in proptest::collection::hash_set(proptest::collection::vec(any::<u8>(), 1..300), 1..8),
             provider in "[a-z;_]{0,40}",
             rails in 1u8..=32,
             piece in 1usize..50,
         ) {
+            let names: Vec<Vec<u8>> = names.into_iter().collect();
             let h = sample(names.clone(), provider, rails);
             let bytes = h.encode();
             prop_assert_eq!(decode_hello(&bytes), Ok(names));
@@ -355,7 +374,7 @@ mod tests {
 
         #[test]
         fn cut_or_flipped_hellos_fail_cleanly(cut in 0usize..200, flip in 0usize..200, bit in 0u8..8) {
-            let mut bytes = sample(vec![vec![9; 40]; 3], "tcp;ofi_rxm".into(), 2).encode();
+            let mut bytes = sample((9..12).map(|b| vec![b; 40]).collect(), "tcp;ofi_rxm".into(), 2).encode();
             let flip = flip % bytes.len();
             bytes[flip] ^= 1 << bit;
             bytes.truncate(cut.min(bytes.len()));
