@@ -30,7 +30,10 @@ pub(super) fn read_queues(t: &mut FabricTransport, out: &mut Vec<Completion>, ma
     let before = out.len();
     let (mut read, mut found) = (false, false);
     let mut entries = std::mem::take(&mut t.entries);
-    for (_, lane) in t.lanes.iter() {
+    let n = t.lanes.len();
+    let first = if n > 1 { t.first_lane % n } else { 0 };
+    t.first_lane = first + 1;
+    for (_, lane) in t.lanes.iter().skip(first).chain(t.lanes.iter().take(first)) {
         let room = (max - (out.len() - before)).min(CQ_BATCH);
         if room == 0 {
             break;

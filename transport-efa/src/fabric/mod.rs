@@ -83,6 +83,10 @@ pub struct FabricTransport {
     ctxs: Vec<Box<Ctx>>,
     efd: Arc<EventFd>,
     entries: Vec<ffi::fi_cq_data_entry>,
+    /// The lane whose queue the next read starts with (counting in lane order): the reads
+    /// take turns, so that a lane whose queue fills a whole batch every time does not keep
+    /// the others' completions waiting.
+    first_lane: usize,
     /// Time left after a read of the completion queues that found nothing (see `spacing`).
     spacing: Spacing,
     /// Until when closing an shm endpoint does not wait for a peer endpoint of this process to

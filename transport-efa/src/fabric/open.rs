@@ -165,6 +165,7 @@ impl FabricTransport {
                 source: e,
             })?),
             entries: vec![ffi::fi_cq_data_entry::default(); CQ_BATCH],
+            first_lane: 0,
             spacing: Spacing::new(spacing::default_for(prov)),
             served_seen: 0,
             hurried_until: None,
