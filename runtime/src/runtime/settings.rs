@@ -130,6 +130,7 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         Some(c) => c.clone(),
         None => SchedConfig::from_vars(&var)?,
     };
+    sched.check()?;
     Ok(Resolved {
         provider: s.provider.clone().or_else(|| var("RDMALANE_PROVIDER")),
         node: s.node.clone().or_else(|| var("RDMALANE_NODE")),

@@ -151,9 +151,39 @@ impl SchedConfig {
         if let Some(v) =
             parse::<f64>("RDMALANE_MIN_BULK_SHARE", var("RDMALANE_MIN_BULK_SHARE"), "a share from 0 to 1")?
         {
+            if !v.is_finite() {
+                return Err(invalid(format!("RDMALANE_MIN_BULK_SHARE={v}: want a share from 0 to 1")));
+            }
             c.min_bulk_share = v.clamp(0.0, 1.0);
         }
         Ok(c)
+    }
+
+    /// Settings a scheduler can run with, or the first that it cannot, named: a budget or a
+    /// count of 0 would hold bulk work (or every scheduled op) back for good, and a share that
+    /// is no number would turn the least bulk keeps off. (The environment's values are made
+    /// so by `from_vars`; a `SchedConfig` built by hand is checked as the runtime starts.)
+    pub fn check(&self) -> Result<()> {
+        let counts = [
+            ("chunk_size", self.chunk_size),
+            ("lane_bytes", self.lane_bytes),
+            ("lane_wrs", self.lane_wrs),
+            ("tenant_bytes", self.tenant_bytes),
+            ("nic_bytes", self.nic_bytes),
+            ("nic_wrs", self.nic_wrs),
+            ("idle_chunk_size", self.idle_chunk_size),
+            ("idle_budget_factor", self.idle_budget_factor),
+            ("bulk_per_round", self.bulk_per_round),
+            ("post_batch", self.post_batch),
+        ];
+        if let Some((name, _)) = counts.iter().find(|(_, v)| *v == 0) {
+            return Err(invalid(format!("scheduler: {name} is 0; it must be at least 1")));
+        }
+        if !(0.0..=1.0).contains(&self.min_bulk_share) {
+            let v = self.min_bulk_share;
+            return Err(invalid(format!("scheduler: min_bulk_share is {v}; it must be from 0 to 1")));
+        }
+        Ok(())
     }
 
     /// The class an op of `len` bytes gets when the caller names none.

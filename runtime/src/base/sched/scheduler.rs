@@ -364,7 +364,9 @@ impl Scheduler {
         for i in 0..self.ring.len() {
             let t = self.ring[i];
             let tn = &self.tenants[&t];
-            if tn.inflight >= self.cfg.tenant_bytes * tn.weight as usize * f {
+            // Saturating: a large weight times a large budget would wrap to a budget of none.
+            let budget = self.cfg.tenant_bytes.saturating_mul(tn.weight as usize).saturating_mul(f);
+            if tn.inflight >= budget {
                 continue;
             }
             if best.is_some_and(|(v, ..)| v <= tn.vtime) {
@@ -412,7 +414,8 @@ impl Scheduler {
     fn bulk_lane(&mut self, id: OpId) -> Option<LaneId> {
         let o = &self.ops[id.0];
         let n = o.lanes.len();
-        let room = |l: Load| l.bulk < self.cfg.lane_bytes * self.budget_factor() && l.wrs < self.cfg.lane_wrs;
+        let budget = self.cfg.lane_bytes.saturating_mul(self.budget_factor());
+        let room = |l: Load| l.bulk < budget && l.wrs < self.cfg.lane_wrs;
         let mut open = (0..n).map(|k| o.lanes[(o.rr + k) % n]).filter(|&lane| room(self.lane_load(lane)));
         match self.cfg.stripe {
             Stripe::RoundRobin => open.next(),

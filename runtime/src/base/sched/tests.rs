@@ -493,3 +493,44 @@ fn the_first_unposted_offset_counts_ranges_handed_back() {
     assert_eq!(s.first_unposted(id), Some(out[1].offset), "the returned range");
     assert_eq!(s.first_unposted(OpId(999)), None, "an unknown op has none");
 }
+
+#[test]
+fn budgets_too_large_to_multiply_saturate_instead_of_wrapping_to_none() {
+    // A weight of 2^31 times 2^29 bytes a tenant, times the idle factor of 16, is 2^64: a
+    // product that wrapped read as a budget of nothing, and the tenant was never served.
+    let c = SchedConfig {
+        tenant_bytes: 1 << 29,
+        lane_bytes: 1 << 60,
+        idle_after_chunks: 1_000,
+        idle_budget_factor: 16,
+        ..cfg()
+    };
+    let mut sim = Sim::new(c);
+    sim.s.set_weight(0, 1 << 31);
+    sim.s.push(bulk(0, 10_000, vec![0]));
+    sim.drain();
+    assert_eq!(sim.done.len(), 1, "the op was served");
+    assert!(sim.done[0].ok);
+}
+
+#[test]
+fn settings_a_scheduler_cannot_run_with_are_named() {
+    assert!(SchedConfig::default().check().is_ok());
+    for (name, set) in [
+        ("bulk_per_round", (|c: &mut SchedConfig| c.bulk_per_round = 0) as fn(&mut SchedConfig)),
+        ("lane_wrs", |c| c.lane_wrs = 0),
+        ("nic_wrs", |c| c.nic_wrs = 0),
+        ("tenant_bytes", |c| c.tenant_bytes = 0),
+        ("nic_bytes", |c| c.nic_bytes = 0),
+    ] {
+        let mut c = SchedConfig::default();
+        set(&mut c);
+        let e = c.check().unwrap_err().to_string();
+        assert!(e.contains(name), "{name}: {e}");
+    }
+    let nan = SchedConfig { min_bulk_share: f64::NAN, ..SchedConfig::default() };
+    assert!(nan.check().unwrap_err().to_string().contains("min_bulk_share"));
+    let var = |name: &str| (name == "RDMALANE_MIN_BULK_SHARE").then(|| "NaN".to_string());
+    let e = SchedConfig::from_vars(&var).unwrap_err().to_string();
+    assert!(e.contains("RDMALANE_MIN_BULK_SHARE"), "{e}");
+}
