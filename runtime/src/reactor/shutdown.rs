@@ -51,6 +51,11 @@ impl Reactor {
         }
         let ids: Vec<OpId> = self.sched.ops().collect();
         for id in ids {
+            // Every chunk of it posted (a rendezvous send's marker the peer has yet to take,
+            // say): a posted op, which gets the deadline as any other does.
+            if self.sched.first_unposted(id).is_none() {
+                continue;
+            }
             if let Some(h) = self.held[id.0].as_mut() {
                 h.error.get_or_insert(Error::Shutdown { op: h.req.op });
             }

@@ -432,6 +432,21 @@ fn a_shutdown_gives_a_send_the_peer_is_reading_its_time_to_finish() {
     assert!(!g.r.shutdown_step(start + Duration::from_millis(2)), "drained");
     assert!(g.r.shutdown_step(start + Duration::from_millis(3)));
     assert_eq!(g.script.closed(), vec![LaneId(0)]);
+    // The same with the marker itself still out as the stop begins (on verbs it waits for the
+    // peer's receive): it is posted, so it too gets the deadline, and the send succeeds.
+    let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
+    let cell = g.submit(OpKind::Send, WrKind::Send { imm: None }, 256 << 10);
+    g.turns(1);
+    let Some(Ctl::Offer { token, .. }) = g.told().first().cloned() else { panic!("offered") };
+    let marker = g.script.pending();
+    let start = g.now;
+    g.r.begin_shutdown(start + Duration::from_secs(2));
+    assert!(!g.r.shutdown_step(start + Duration::from_millis(1)));
+    g.script.complete(marker[0].id, Ok(()));
+    assert!(!g.r.shutdown_step(start + Duration::from_millis(2)));
+    assert!(cell.outcome().is_none(), "the marker is in, the peer reads");
+    g.r.on_control(g.slot, g.link, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    assert!(matches!(cell.outcome(), Some(Ok(d)) if d.len == 256 << 10), "read whole, it succeeds");
     // A send the peer never finishes reading fails with the shutdown at its deadline.
     let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
     let cell = g.submit(OpKind::Send, WrKind::Send { imm: None }, 256 << 10);
