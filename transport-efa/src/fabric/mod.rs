@@ -78,6 +78,10 @@ pub struct FabricTransport {
     mrs: Slab<Mr>,
     /// A device registration's descriptor on a rail -> its read twin's (see `Mr::read_descs`).
     read_twins: HashMap<usize, usize>,
+    /// The descriptors of device memory's registrations: a send from it never goes by
+    /// `fi_inject`, which takes no descriptor, so that the provider would copy from the
+    /// device address as if it were host memory.
+    device_descs: std::collections::HashSet<usize>,
     // Boxed: the provider holds their addresses while requests are posted, and the Vec grows.
     #[allow(clippy::vec_box)]
     ctxs: Vec<Box<Ctx>>,
@@ -104,6 +108,12 @@ unsafe impl Send for FabricTransport {}
 impl FabricTransport {
     fn err(&self, ret: impl Into<i64>, what: &str) -> TransportError {
         terr(&self.caps.provider, ret, what)
+    }
+
+    /// Is `desc` (a rail's own descriptor) one of device memory's registrations?
+    #[inline]
+    fn is_device(&self, desc: usize) -> bool {
+        !self.device_descs.is_empty() && self.device_descs.contains(&desc)
     }
 }
 

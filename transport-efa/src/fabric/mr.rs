@@ -261,6 +261,7 @@ pub(super) unsafe fn register_device(
     for (&d, &twin) in m.descs.iter().zip(&m.read_descs) {
         t.read_twins.insert(d, twin);
     }
+    t.device_descs.extend(m.descs.iter().copied());
     Ok(region(t, ptr, m, keys))
 }
 
@@ -275,6 +276,11 @@ pub(super) fn deregister(t: &mut FabricTransport, id: u64) -> Result<(), Transpo
     if !m.read_descs.is_empty() {
         m.descs.iter().for_each(|d| {
             t.read_twins.remove(d);
+        });
+    }
+    if !t.device_descs.is_empty() {
+        m.descs.iter().for_each(|d| {
+            t.device_descs.remove(d);
         });
     }
     let Some(_inside) = Teardown::enter() else { return Ok(()) };

@@ -158,6 +158,7 @@ impl FabricTransport {
             delivery_complete: false,
             mrs: Slab::new(),
             read_twins: HashMap::new(),
+            device_descs: Default::default(),
             ctxs: Vec::new(),
             efd: Arc::new(EventFd::new().map_err(|e| Error::Io {
                 op: OpKind::Open,

@@ -43,7 +43,7 @@ unsafe fn post_one(
 ) -> Option<Result<Posted, PostError>> {
     let ep = t.lanes.get(wr.lane.index())?.ep;
     match wr.kind {
-        WrKind::Send { imm: None } if seg.len <= t.caps.inject_size => {
+        WrKind::Send { imm: None } if seg.len <= t.caps.inject_size && !t.is_device(seg.desc) => {
             let t0 = probe::start();
             probe::reply(t0);
             // SAFETY: the provider copies `seg.len` bytes from valid memory before returning.
@@ -220,7 +220,7 @@ unsafe fn post_any(t: &mut FabricTransport, wr: &WorkRequest<'_>) -> Result<Post
             if imm.is_some() {
                 flags |= ffi::FI_REMOTE_CQ_DATA as u64;
             }
-            if imm.is_none() && n == 1 && total <= t.caps.inject_size {
+            if imm.is_none() && n == 1 && total <= t.caps.inject_size && !t.is_device(desc[0] as usize) {
                 // Small payloads go inline: copied now, no completion to wait for.
                 // SAFETY: the provider copies `total` bytes from valid memory before returning.
                 let r = unsafe { ffi::fi_inject(ep, iov[0].iov_base, total, wr.peer) };
