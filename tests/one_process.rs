@@ -634,6 +634,21 @@ fn an_unavailable_provider_is_named_with_what_exists() {
 }
 
 #[test]
+fn settings_no_runtime_could_work_with_are_refused_naming_them() {
+    let p = rdmalane_conformance::main_provider();
+    let named = |r: Result<rdmalane::Runtime, Error>, what: &str| match r {
+        Err(Error::InvalidArgument { reason, .. }) => assert!(reason.contains(what), "{reason}"),
+        other => panic!("{what}: expected InvalidArgument, got {:?}", other.map(|_| "a runtime")),
+    };
+    named(
+        rdmalane_conformance::builder(p).connect_timeout(std::time::Duration::ZERO).build(),
+        "connect_timeout",
+    );
+    // Pinning past an affinity mask would have panicked the reactor's thread.
+    named(rdmalane_conformance::builder(p).core(4096).build(), "core 4096");
+}
+
+#[test]
 fn a_handshake_from_a_stranger_is_refused_and_the_listener_survives() {
     bounded(30, async {
         use tokio::io::AsyncWriteExt;

@@ -295,6 +295,12 @@ impl Builder {
             return Err(Error::invalid(OpKind::Open, "no backend: call .backend(rdmalane_efa::Libfabric)"));
         }
         let set = settings::resolve(&self.settings, &|name| std::env::var(name).ok())?;
+        if self.connect_timeout.is_zero() {
+            return Err(Error::invalid(
+                OpKind::Open,
+                "connect_timeout is 0: no handshake could finish in it",
+            ));
+        }
         let config = TransportConfig {
             provider: set.provider.clone(),
             node: set.node.clone(),

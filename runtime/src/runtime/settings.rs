@@ -86,6 +86,9 @@ pub(crate) const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 pub(crate) const PEER_TIMEOUT_MIN: Duration = Duration::from_millis(30);
 /// The registration cache's default cap.
 const MR_CACHE_BYTES: usize = 1 << 30;
+
+/// Cores a reactor can be pinned to: those an affinity mask (glibc's `cpu_set_t`) holds.
+const MAX_CORE: usize = 1024;
 /// Lanes a peer may have.
 pub(crate) const MAX_LANES: usize = 64;
 
@@ -131,10 +134,15 @@ pub(crate) fn resolve(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Res
         None => SchedConfig::from_vars(&var)?,
     };
     sched.check()?;
+    let core = s.core.or(num("RDMALANE_CORE")?);
+    if let Some(c) = core.filter(|&c| c >= MAX_CORE) {
+        // Past what an affinity mask holds: pinning to it would panic the reactor's thread.
+        return Err(invalid(format!("core {c}: a reactor is pinned to a core from 0 to {}", MAX_CORE - 1)));
+    }
     Ok(Resolved {
         provider: s.provider.clone().or_else(|| var("RDMALANE_PROVIDER")),
         node: s.node.clone().or_else(|| var("RDMALANE_NODE")),
-        core: s.core.or(num("RDMALANE_CORE")?),
+        core,
         lanes,
         rails,
         rail_groups,
@@ -237,6 +245,14 @@ mod tests {
     #[test]
     fn core() {
         rule(("RDMALANE_CORE", "3"), |s| s.core = Some(1), |r| r.core, (None, Some(3), Some(1)));
+        // Past an affinity mask: refused, named, rather than a panic on the reactor's thread.
+        let far = Settings { core: Some(1024), ..Settings::default() };
+        let e = resolve(&far, &|_: &str| None).unwrap_err().to_string();
+        assert!(e.contains("core 1024"), "{e}");
+        let e = resolve(&Settings::default(), &|n: &str| (n == "RDMALANE_CORE").then(|| "5000".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("core 5000"), "{e}");
     }
 
     #[test]
