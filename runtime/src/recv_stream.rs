@@ -4,7 +4,7 @@
 use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 
@@ -13,20 +13,35 @@ use crate::buf::RegisteredBuf;
 use crate::endpoint::Endpoint;
 use crate::op::Op;
 
-type Returned = Arc<Mutex<Vec<RegisteredBuf>>>;
+/// The pool's buffers away from the stream: those the application's messages gave back, and
+/// how many it still holds. Shared with every message, which gives its buffer back on drop.
+#[derive(Default)]
+struct Away {
+    returned: Vec<RegisteredBuf>,
+    /// Messages the application holds: their buffers come back, so the stream goes on.
+    held: usize,
+    /// The stream, waiting for a buffer to come back with every one held.
+    waiting: Option<Waker>,
+}
+
+type Pool = Arc<Mutex<Away>>;
+
+fn lock(pool: &Pool) -> std::sync::MutexGuard<'_, Away> {
+    pool.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Messages from one peer, received into a pool of posted buffers.
 pub struct RecvStream<'a> {
     ep: &'a Endpoint,
     posted: FuturesUnordered<Op<RegisteredBuf>>,
-    returned: Returned,
+    away: Pool,
 }
 
 /// One received message; dropping it re-posts its buffer.
 pub struct RecvMsg {
     buf: Option<RegisteredBuf>,
     len: usize,
-    home: Returned,
+    home: Pool,
 }
 
 impl RecvMsg {
@@ -50,7 +65,15 @@ impl Deref for RecvMsg {
 impl Drop for RecvMsg {
     fn drop(&mut self) {
         if let Some(b) = self.buf.take() {
-            self.home.lock().unwrap_or_else(|p| p.into_inner()).push(b);
+            let waiting = {
+                let mut away = lock(&self.home);
+                away.returned.push(b);
+                away.held -= 1;
+                away.waiting.take()
+            };
+            if let Some(w) = waiting {
+                w.wake();
+            }
         }
     }
 }
@@ -66,7 +89,7 @@ impl Endpoint {
         for _ in 0..count {
             posted.push(self.recv(self.runtime().alloc(size)?));
         }
-        Ok(RecvStream { ep: self, posted, returned: Arc::default() })
+        Ok(RecvStream { ep: self, posted, away: Arc::default() })
     }
 }
 
@@ -74,30 +97,38 @@ impl Stream for RecvStream<'_> {
     type Item = Result<RecvMsg>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let back: Vec<RegisteredBuf> =
-            std::mem::take(&mut *self.returned.lock().unwrap_or_else(|p| p.into_inner()));
+        let back: Vec<RegisteredBuf> = std::mem::take(&mut lock(&self.away).returned);
         for b in back {
             let op = self.ep.recv(b);
             self.posted.push(op);
         }
         match self.posted.poll_next_unpin(cx) {
             Poll::Ready(Some((Ok(len), buf))) => {
-                Poll::Ready(Some(Ok(RecvMsg { buf: Some(buf), len, home: self.returned.clone() })))
+                lock(&self.away).held += 1;
+                Poll::Ready(Some(Ok(RecvMsg { buf: Some(buf), len, home: self.away.clone() })))
             }
             Poll::Ready(Some((Err(e), buf))) => {
                 // Keep the pool whole unless the peer is gone.
                 if !e.is_peer_lost() && !matches!(e, Error::Shutdown { .. }) {
-                    self.returned.lock().unwrap_or_else(|p| p.into_inner()).push(buf);
+                    lock(&self.away).returned.push(buf);
                 }
                 Poll::Ready(Some(Err(e)))
             }
-            // Every buffer is out with the application; they come back on drop.
             Poll::Ready(None) => {
-                if self.returned.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
-                    Poll::Ready(None)
-                } else {
+                let mut away = lock(&self.away);
+                if !away.returned.is_empty() {
+                    // Given back since the look above: post it at the next poll, now.
+                    drop(away);
                     cx.waker().wake_by_ref();
                     Poll::Pending
+                } else if away.held > 0 {
+                    // Every buffer is out with the application: the stream goes on once a
+                    // message is dropped, which wakes it.
+                    away.waiting = Some(cx.waker().clone());
+                    Poll::Pending
+                } else {
+                    // None posted, none held, none to give back: the peer's loss took the pool.
+                    Poll::Ready(None)
                 }
             }
             Poll::Pending => Poll::Pending,
