@@ -52,6 +52,9 @@ pub struct VerbsTransport {
     channel: *mut ibv_comp_channel,
     lanes: Slab<Lane>,
     mrs: Slab<*mut ibv_mr>,
+    /// The lkeys of device memory's registrations: a request over it is never posted inline,
+    /// which has the CPU copy the payload from the device address at post time.
+    device_lkeys: std::collections::HashSet<u32>,
     caps: Caps,
     qp_caps: QpCaps,
     /// Send requests posted with `more` and not yet handed to the device.
@@ -99,6 +102,7 @@ impl VerbsTransport {
             channel: ptr::null_mut(),
             lanes: Slab::new(),
             mrs: Slab::new(),
+            device_lkeys: Default::default(),
             caps: Caps {
                 provider: format!("verbs;{}", dev.name),
                 max_msg_size: dev.max_msg,
@@ -520,7 +524,9 @@ impl Transport for VerbsTransport {
             );
         }
         // SAFETY: mr is the non-null registration just made above.
-        Ok(unsafe { self.record(mr, ptr) })
+        let region = unsafe { self.record(mr, ptr) };
+        self.device_lkeys.insert(region.desc as u32);
+        Ok(region)
     }
 
     unsafe fn register(
@@ -547,6 +553,10 @@ impl Transport for VerbsTransport {
                 format!("deregister: unknown region {id}"),
             ));
         };
+        if !self.device_lkeys.is_empty() {
+            // SAFETY: mr is a live registration of ours until the dereg below.
+            self.device_lkeys.remove(&unsafe { (*mr).lkey });
+        }
         // SAFETY: releasing a registration we made, once.
         let r = unsafe { rdma_sys::ibv_dereg_mr(mr) };
         if r != 0 {
@@ -669,7 +679,9 @@ impl Transport for VerbsTransport {
             WrKind::Recv => unreachable!("receives are posted above"),
         };
         swr.opcode = opcode;
-        if inline_ok && total <= self.qp_caps.inline as usize {
+        let device = !self.device_lkeys.is_empty()
+            && wr.local.iter().any(|s| self.device_lkeys.contains(&(s.desc as u32)));
+        if inline_ok && total <= self.qp_caps.inline as usize && !device {
             // Copied into the work queue at post time: no DMA read of the buffer.
             swr.send_flags |= sf::IBV_SEND_INLINE.0;
         }
