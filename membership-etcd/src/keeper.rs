@@ -142,7 +142,10 @@ impl Keeper {
     /// others see the member leave now rather than once the lease runs out. Without one, or
     /// should etcd not answer, the entry goes with the lease as before.
     async fn revoke_between_sessions(&mut self) {
-        let (Some(mut client), Some(_)) = (self.client.take(), self.lease) else { return };
+        if self.lease.is_none() {
+            return;
+        }
+        let Some(mut client) = self.client.take() else { return };
         if let Err(why) = self.revoke(&mut client).await {
             tracing::debug!(%why, "etcd: revoking the lease on leaving failed; it runs out instead");
         }
