@@ -69,6 +69,13 @@ fn rig_mapped(sched: SchedConfig, lanes: usize, max_msg_size: usize, map: LaneMa
         idle.clone(),
         sched,
     );
+    let (slot, link, told) = add_peer(&mut r, lanes, map);
+    Rig { r, script, counters, slot, link, told, now: Instant::now(), mem: vec![0; 1 << 20], tx, idle }
+}
+
+/// Open `lanes` lanes on rail 0 and add peer 7 over them as a connection of its own: its slot,
+/// its link, and what the reactor tells it.
+fn add_peer(r: &mut Reactor, lanes: usize, map: LaneMap) -> (PeerSlot, PeerLink, OutboxRx) {
     let (reply, got) = mpsc::sync_channel(1);
     r.handle(Cmd::OpenLanes { rails: vec![0; lanes], reply });
     let opened = got.recv().expect("a reply").expect("lanes");
@@ -81,8 +88,7 @@ fn rig_mapped(sched: SchedConfig, lanes: usize, max_msg_size: usize, map: LaneMa
     let (reply, got) = mpsc::sync_channel(1);
     let link = PeerLink::fresh();
     r.handle(Cmd::AddPeer { id: 7, link, lanes: mine, map, label: "peer".into(), ctl, reply });
-    let slot = got.recv().expect("a reply").expect("a peer");
-    Rig { r, script, counters, slot, link, told, now: Instant::now(), mem: vec![0; 1 << 20], tx, idle }
+    (got.recv().expect("a reply").expect("a peer"), link, told)
 }
 
 impl Rig {
@@ -327,20 +333,7 @@ fn what_comes_late_about_a_removed_peer_leaves_the_next_in_its_slot_alone() {
     let mut g = rig(split_config(1), 1);
     let old = g.link;
     g.r.handle(Cmd::RemovePeer { slot: g.slot, link: old });
-    let (reply, got) = mpsc::sync_channel(1);
-    g.r.handle(Cmd::OpenLanes { rails: vec![0], reply });
-    let opened = got.recv().expect("a reply").expect("lanes");
-    let mine = opened
-        .into_iter()
-        .enumerate()
-        .map(|(place, o)| super::cmd::PeerLane { lane: o.lane, peer_name: o.name, place })
-        .collect();
-    let (ctl, _told) = outbox();
-    let (reply, got) = mpsc::sync_channel(1);
-    let new = PeerLink::fresh();
-    let (map, label) = (LaneMap::SINGLE, "peer again".to_string());
-    g.r.handle(Cmd::AddPeer { id: 7, link: new, lanes: mine, map, label, ctl, reply });
-    let slot = got.recv().expect("a reply").expect("a peer");
+    let (slot, new, _told) = add_peer(&mut g.r, 1, LaneMap::SINGLE);
     assert_eq!(slot, g.slot, "the freed slot is reused");
     g.r.handle(Cmd::PeerLost { slot, link: old, reason: "control connection closed".into() });
     g.r.on_control(slot, old, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
