@@ -239,35 +239,41 @@ fn recv_stream_keeps_a_pool_posted() {
 #[test]
 fn a_recv_stream_whose_buffers_the_application_holds_waits_for_one_back() {
     // A server that hands each message to a task of its own can hold every buffer of the
-    // pool at once: the stream then waits for a message to be dropped, and does not end.
+    // pool at once: the stream then waits for a message to be dropped, and does not end. (The
+    // sender runs beside it: on verbs a send waits for a posted receive.)
     for p in providers() {
         bounded(60, async {
             let (a, b) = (runtime(p), runtime(p));
             let (ab, ba) = pair(&a, &b).await;
             let mut stream = ba.recv_stream(2, 64).unwrap();
-            for i in 0..3u8 {
-                let mut m = a.alloc(8).unwrap();
-                m.fill(i);
-                ab.send(m).await.0.unwrap_or_else(|e| panic!("{p}: send {i}: {e}"));
-            }
-            let first = stream.next().await.expect("open").unwrap();
-            let second = stream.next().await.expect("open").unwrap();
-            let held = tokio::time::timeout(Duration::from_millis(300), stream.next()).await;
-            assert!(
-                held.is_err(),
-                "{p}: with every buffer held the stream waits, got {:?}",
-                held.map(|m| m.is_some())
-            );
-            let seen = (first[0], second[0]);
-            drop(first);
-            let third = tokio::time::timeout(Duration::from_secs(10), stream.next())
-                .await
-                .unwrap_or_else(|_| panic!("{p}: a dropped message's buffer brings the next"))
-                .expect("open")
-                .unwrap();
-            let mut all = [seen.0, seen.1, third[0]];
-            all.sort();
-            assert_eq!(all, [0, 1, 2], "{p}");
+            let sender = async {
+                for i in 0..3u8 {
+                    let mut m = a.alloc(8).unwrap();
+                    m.fill(i);
+                    ab.send(m).await.0.unwrap_or_else(|e| panic!("{p}: send {i}: {e}"));
+                }
+            };
+            let receiver = async {
+                let first = stream.next().await.expect("open").unwrap();
+                let second = stream.next().await.expect("open").unwrap();
+                let held = tokio::time::timeout(Duration::from_millis(300), stream.next()).await;
+                assert!(
+                    held.is_err(),
+                    "{p}: with every buffer held the stream waits, got {:?}",
+                    held.map(|m| m.is_some())
+                );
+                let seen = (first[0], second[0]);
+                drop(first);
+                let third = tokio::time::timeout(Duration::from_secs(20), stream.next())
+                    .await
+                    .unwrap_or_else(|_| panic!("{p}: a dropped message's buffer brings the next"))
+                    .expect("open")
+                    .unwrap();
+                let mut all = [seen.0, seen.1, third[0]];
+                all.sort();
+                assert_eq!(all, [0, 1, 2], "{p}");
+            };
+            tokio::join!(sender, receiver);
         });
     }
 }
