@@ -80,13 +80,7 @@ impl Runtime {
             // Undone before the error goes back, as the caller may free the memory then: a
             // group's registration (a remote one) must not outlive it. (An undo that fails is
             // counted and logged by its group, as any failed deregistration.)
-            for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
-                let _ = self.call_on(GroupId(g), op, |reply| Cmd::Deregister {
-                    id,
-                    keep: None,
-                    reply: Some(reply),
-                });
-            }
+            let _ = self.deregister_on_groups(regs, op);
             return Err(e);
         }
         let first = regs[0].id;
@@ -142,15 +136,17 @@ impl Runtime {
             1 => vec![GroupReg { id, desc: 0 }],
             _ => self.take_group_regs(id).unwrap_or_default(),
         };
+        self.deregister_on_groups(regs, OpKind::Expose)
+    }
+
+    /// Deregister `regs` (group `g`'s registration at place `g`) and wait for each group's
+    /// answer: the first failure, a transport's outranking a stopped group's.
+    fn deregister_on_groups(&self, regs: GroupRegs, op: OpKind) -> Result<()> {
         let mut first = Ok(());
         for (g, GroupReg { id, .. }) in regs.into_iter().enumerate() {
             let res = self
-                .call_on(GroupId(g), OpKind::Expose, |reply| Cmd::Deregister {
-                    id,
-                    keep: None,
-                    reply: Some(reply),
-                })
-                .and_then(|r| r.map_err(|e: TransportError| Error::from_transport(OpKind::Expose, "-", e)));
+                .call_on(GroupId(g), op, |reply| Cmd::Deregister { id, keep: None, reply: Some(reply) })
+                .and_then(|r| r.map_err(|e: TransportError| Error::from_transport(op, "-", e)));
             // A transport's failure outranks a stopped group's: it says the memory must be kept.
             if first.is_ok() || matches!((&first, &res), (Err(Error::Shutdown { .. }), Err(_))) {
                 first = res;
