@@ -272,7 +272,7 @@ pub(super) async fn drive(
     let slots = added.slots.take().expect("added before done");
     let switch = Arc::new(LossSwitch::default());
     let outbox = outbox.expect("added before done");
-    let watch = watch_peer(rt.clone(), slots.clone(), them.id, s, outbox, switch.clone());
+    let watch = watch_peer(rt.clone(), slots.clone(), s, outbox, switch.clone());
     Ok(Endpoint::new(rt.clone(), slots, them.rails as usize, them.id, label, Some((watch, switch))))
 }
 

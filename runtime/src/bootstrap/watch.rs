@@ -45,7 +45,6 @@ impl LossSwitch {
 pub(super) fn watch_peer(
     rt: Runtime,
     slots: Slots,
-    peer_id: u64,
     s: TcpStream,
     mut outbox: OutboxRx,
     switch: Arc<LossSwitch>,
@@ -106,7 +105,7 @@ pub(super) fn watch_peer(
         let inbox = Inbox::new();
         let hand_on = |msg: Ctl, credit| match weak.upgrade() {
             Some(rt) => {
-                rt.control(&slots, peer_id, msg, credit);
+                rt.control(&slots, msg, credit);
                 true
             }
             None => false,

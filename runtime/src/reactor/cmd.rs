@@ -209,13 +209,11 @@ pub(crate) enum Cmd {
         link: PeerLink,
         reason: String,
     },
-    /// The peer in `slot` (runtime `peer_id`, connection `link`) sent a message on its control
-    /// connection. The credit, held until the message is handled, bounds what one peer has
-    /// queued.
+    /// The peer in `slot` (connection `link`) sent a message on its control connection. The
+    /// credit, held until the message is handled, bounds what one peer has queued.
     Control {
         slot: PeerSlot,
         link: PeerLink,
-        peer_id: u64,
         msg: Ctl,
         credit: Option<Credit>,
     },

@@ -58,12 +58,12 @@ impl Reactor {
     }
 
     /// A message on a peer's control connection.
-    pub(super) fn on_control(&mut self, slot: PeerSlot, link: PeerLink, peer_id: u64, msg: Ctl) {
+    pub(super) fn on_control(&mut self, slot: PeerSlot, link: PeerLink, msg: Ctl) {
         let Some(p) = self.peers.get(slot).filter(|p| p.link == link && p.lost().is_none()) else {
             return;
         };
         let label = p.label.clone();
-        let peer = PeerRef { slot, id: peer_id, label: &label };
+        let peer = PeerRef { slot, id: p.id, label: &label };
         let running = self.phase == Phase::Running;
         let mut out = Outbox::new();
         match msg {

@@ -366,9 +366,7 @@ impl Reactor {
             Cmd::RemovePeer { slot, link } => self.remove_peer(slot, link),
             Cmd::PeerLost { slot, link, reason } => self.peer_lost(slot, link, reason),
             // The credit goes once the message is handled.
-            Cmd::Control { slot, link, peer_id, msg, credit: _credit } => {
-                self.on_control(slot, link, peer_id, msg)
-            }
+            Cmd::Control { slot, link, msg, credit: _credit } => self.on_control(slot, link, msg),
         }
     }
 

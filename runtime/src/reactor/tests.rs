@@ -336,7 +336,7 @@ fn what_comes_late_about_a_removed_peer_leaves_the_next_in_its_slot_alone() {
     let (slot, new, _told) = add_peer(&mut g.r, 1, LaneMap::SINGLE);
     assert_eq!(slot, g.slot, "the freed slot is reused");
     g.r.handle(Cmd::PeerLost { slot, link: old, reason: "control connection closed".into() });
-    g.r.on_control(slot, old, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
+    g.r.on_control(slot, old, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
     g.r.handle(Cmd::RemovePeer { slot, link: old });
     assert!(g.r.peers.get(slot).is_some_and(|p| p.link == new && p.lost().is_none()), "the new peer is live");
     let closed = g.script.closed().len();
@@ -401,51 +401,49 @@ fn a_send_above_the_largest_message_goes_by_rendezvous_and_completes_once_the_pe
     g.script.complete(marker[0].id, Ok(()));
     g.turns(1);
     assert!(cell.outcome().is_none(), "the peer has not read it yet");
-    g.r.on_control(g.slot, g.link, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    g.r.on_control(g.slot, g.link, Ctl::Done { token, outcome: Pulled::Whole });
     assert!(matches!(cell.outcome(), Some(Ok(d)) if d.len == 256 << 10));
     assert_eq!(g.script.deregistered().len(), 1, "the offered buffer is no longer exposed");
 }
 
 #[test]
 fn a_shutdown_gives_a_send_the_peer_is_reading_its_time_to_finish() {
-    let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
-    let cell = g.submit(OpKind::Send, WrKind::Send { imm: None }, 256 << 10);
-    g.turns(1);
-    let Some(Ctl::Offer { token, .. }) = g.told().first().cloned() else { panic!("offered") };
-    let marker = g.script.pending();
-    g.script.complete(marker[0].id, Ok(()));
+    // A 256 KiB send on a rig whose messages end at 64 KiB: offered, its marker posted.
+    let offered = || {
+        let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
+        let cell = g.submit(OpKind::Send, WrKind::Send { imm: None }, 256 << 10);
+        g.turns(1);
+        let Some(Ctl::Offer { token, .. }) = g.told().first().cloned() else { panic!("offered") };
+        let marker = g.script.pending()[0].id;
+        (g, cell, token, marker)
+    };
+    let (mut g, cell, token, marker) = offered();
+    g.script.complete(marker, Ok(()));
     g.turns(1);
     let start = g.now;
     g.r.begin_shutdown(start + Duration::from_secs(2));
     assert!(!g.r.shutdown_step(start + Duration::from_millis(1)));
     assert!(matches!(g.r.phase, Phase::Draining { .. }), "the peer is still reading the send");
     assert!(cell.outcome().is_none() && g.script.closed().is_empty());
-    g.r.on_control(g.slot, g.link, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    g.r.on_control(g.slot, g.link, Ctl::Done { token, outcome: Pulled::Whole });
     assert!(matches!(cell.outcome(), Some(Ok(d)) if d.len == 256 << 10), "read whole, it succeeds");
     assert!(!g.r.shutdown_step(start + Duration::from_millis(2)), "drained");
     assert!(g.r.shutdown_step(start + Duration::from_millis(3)));
     assert_eq!(g.script.closed(), vec![LaneId(0)]);
     // The same with the marker itself still out as the stop begins (on verbs it waits for the
     // peer's receive): it is posted, so it too gets the deadline, and the send succeeds.
-    let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
-    let cell = g.submit(OpKind::Send, WrKind::Send { imm: None }, 256 << 10);
-    g.turns(1);
-    let Some(Ctl::Offer { token, .. }) = g.told().first().cloned() else { panic!("offered") };
-    let marker = g.script.pending();
+    let (mut g, cell, token, marker) = offered();
     let start = g.now;
     g.r.begin_shutdown(start + Duration::from_secs(2));
     assert!(!g.r.shutdown_step(start + Duration::from_millis(1)));
-    g.script.complete(marker[0].id, Ok(()));
+    g.script.complete(marker, Ok(()));
     assert!(!g.r.shutdown_step(start + Duration::from_millis(2)));
     assert!(cell.outcome().is_none(), "the marker is in, the peer reads");
-    g.r.on_control(g.slot, g.link, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    g.r.on_control(g.slot, g.link, Ctl::Done { token, outcome: Pulled::Whole });
     assert!(matches!(cell.outcome(), Some(Ok(d)) if d.len == 256 << 10), "read whole, it succeeds");
     // A send the peer never finishes reading fails with the shutdown at its deadline.
-    let mut g = rig_with(SchedConfig::default(), 1, 64 << 10);
-    let cell = g.submit(OpKind::Send, WrKind::Send { imm: None }, 256 << 10);
-    g.turns(1);
-    let marker = g.script.pending();
-    g.script.complete(marker[0].id, Ok(()));
+    let (mut g, cell, _, marker) = offered();
+    g.script.complete(marker, Ok(()));
     g.turns(1);
     let start = g.now;
     g.r.begin_shutdown(start + Duration::from_secs(2));
@@ -482,7 +480,7 @@ fn large_sends_past_what_the_peer_accepts_are_held_back_with_a_typed_error() {
     let marker = g.script.pending().into_iter().find(|w| w.kind == WrKind::Send { imm: Some(token as u64) });
     g.script.complete(marker.expect("its marker").id, Ok(()));
     g.turns(1);
-    g.r.on_control(g.slot, g.link, 7, Ctl::Done { token, outcome: Pulled::Whole });
+    g.r.on_control(g.slot, g.link, Ctl::Done { token, outcome: Pulled::Whole });
     assert!(first.outcome().is_some_and(|r| r.is_ok()));
     let next = send(&mut g);
     g.turns(1);
@@ -503,7 +501,7 @@ fn a_receive_that_gets_a_marker_reads_the_offered_message_and_answers_the_sender
         &[44],
         crate::base::transport::Access::READ,
     );
-    g.r.on_control(g.slot, g.link, 7, Ctl::Offer { token: 3, desc });
+    g.r.on_control(g.slot, g.link, Ctl::Offer { token: 3, desc });
     g.script.complete_with(posted[0].id, Some(0), Some(3), Ok(()));
     let mut reads = 0;
     for _ in 0..64 {
@@ -529,7 +527,7 @@ fn a_cancelled_write_is_asked_about_and_fails_as_a_refusal_when_its_target_says_
         panic!("the target should be asked, told {told:?}");
     };
     assert!(cell.outcome().is_none(), "the op waits for the verdict");
-    g.r.on_control(g.slot, g.link, 7, Ctl::Verdict { token, verdict: Verdict::NotPermitted });
+    g.r.on_control(g.slot, g.link, Ctl::Verdict { token, verdict: Verdict::NotPermitted });
     assert!(
         matches!(cell.outcome(), Some(Err(Error::RemoteAccess { op: OpKind::Write, .. }))),
         "the refusal ends the op as one"
@@ -582,7 +580,7 @@ fn a_cancelled_read_of_an_offered_message_answers_its_sender_once_the_verdict_is
     let posted = g.script.pending();
     let desc =
         crate::base::remote::RemoteBuf::new(0, 0x5000, 4096, &[44], crate::base::transport::Access::READ);
-    g.r.on_control(g.slot, g.link, 7, Ctl::Offer { token: 3, desc });
+    g.r.on_control(g.slot, g.link, Ctl::Offer { token: 3, desc });
     g.script.complete_with(posted[0].id, Some(0), Some(3), Ok(()));
     g.turns(1);
     let read = g.script.pending();
@@ -595,7 +593,7 @@ fn a_cancelled_read_of_an_offered_message_answers_its_sender_once_the_verdict_is
         panic!("the sender should be asked about its key");
     };
     assert!(recv.outcome().is_none(), "the receive waits for the verdict");
-    g.r.on_control(g.slot, g.link, 7, Ctl::Verdict { token, verdict: Verdict::Allowed });
+    g.r.on_control(g.slot, g.link, Ctl::Verdict { token, verdict: Verdict::Allowed });
     assert_eq!(g.told(), vec![Ctl::Done { token: 3, outcome: Pulled::Failed }], "the sender hears once");
     match recv.outcome() {
         Some(Err(Error::Transport { source, .. })) => assert_eq!(source.class, FailureClass::Cancelled),
@@ -610,7 +608,7 @@ fn a_sleeping_peer_reactor_is_kicked_only_by_ops_that_reach_its_rails() {
     let send = |g: &mut Rig| g.submit(OpKind::Send, WrKind::Send { imm: None }, 16);
     let (express, bulk) = (RailSet::of([RailId(0)]), RailSet::of([RailId(1)]));
     // Its idle bulk reactor naps.
-    g.r.on_control(g.slot, g.link, 7, Ctl::Asleep { rails: bulk });
+    g.r.on_control(g.slot, g.link, Ctl::Asleep { rails: bulk });
     for _ in 0..3 {
         send(&mut g);
         g.turns(1);
@@ -623,7 +621,7 @@ fn a_sleeping_peer_reactor_is_kicked_only_by_ops_that_reach_its_rails() {
     g.turns(1);
     assert_eq!(g.told(), vec![Ctl::Kick { rails: bulk }]);
     // Its express reactor naps too: the next message kicks that one.
-    g.r.on_control(g.slot, g.link, 7, Ctl::Asleep { rails: express });
+    g.r.on_control(g.slot, g.link, Ctl::Asleep { rails: express });
     send(&mut g);
     g.turns(1);
     assert_eq!(g.told(), vec![Ctl::Kick { rails: express }]);
@@ -636,7 +634,7 @@ fn a_reactor_about_to_sleep_names_its_rails_once_per_kick() {
     g.r.announce_sleep();
     g.r.announce_sleep();
     assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }], "once until kicked");
-    g.r.on_control(g.slot, g.link, 7, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
+    g.r.on_control(g.slot, g.link, Ctl::Kick { rails: RailSet::of([RailId(0)]) });
     g.r.announce_sleep();
     assert_eq!(g.told(), vec![Ctl::Asleep { rails: RailSet::of([RailId(0)]) }]);
 }
@@ -653,7 +651,7 @@ fn a_peer_that_leaves_its_control_messages_unread_is_dropped_once_its_outbox_is_
     }
     // One more message: refused, and the peer is dropped at the next turn, not half-way
     // through what told it.
-    g.r.on_control(g.slot, g.link, 7, Ctl::Check { token: 1, key: 9, addr: 0, len: 1, write: true });
+    g.r.on_control(g.slot, g.link, Ctl::Check { token: 1, key: 9, addr: 0, len: 1, write: true });
     let early = write.outcome();
     assert!(early.is_none(), "nothing is dropped half-way: {early:?}");
     g.turns(1);

@@ -134,21 +134,20 @@ impl Runtime {
         }
     }
 
-    /// A message the peer (runtime `peer_id`, at `slots`) sent on its control connection, to
+    /// A message the peer (at `slots`) sent on its control connection, to
     /// the reactor it concerns: an answer to a question goes to the group that asked (named
     /// in the token's high bits), a peer's sleep to every group (any may post to the rails
     /// it names), a kick to the groups serving the rails it names, the rest to the first
     /// group (which keeps messages and answers questions about our memory). `credit` is the
     /// message's place in the peer's inbox, held until it is handled (a sleep or kick, which
     /// the connection passes on only once per announcement of ours, goes without).
-    pub(crate) fn control(&self, slots: &Slots, peer_id: u64, msg: Ctl, credit: Credit) {
+    pub(crate) fn control(&self, slots: &Slots, msg: Ctl, credit: Credit) {
         let link = slots.link;
         let to = match &msg {
             Ctl::Asleep { .. } if slots.by_group.len() > 1 => {
                 return self.each_slot(&slots.by_group, |slot| Cmd::Control {
                     slot,
                     link,
-                    peer_id,
                     msg: msg.clone(),
                     credit: None,
                 });
@@ -158,7 +157,7 @@ impl Runtime {
                     let mine = rails.and(RailSet::of(group.rails.iter().copied()));
                     if let (Some(slot), false) = (*slot, mine.is_empty()) {
                         let msg = Ctl::Kick { rails: mine };
-                        let _ = group.send(Cmd::Control { slot, link, peer_id, msg, credit: None });
+                        let _ = group.send(Cmd::Control { slot, link, msg, credit: None });
                     }
                 }
                 return;
@@ -167,7 +166,7 @@ impl Runtime {
             _ => GroupId::FIRST,
         };
         if let Some(slot) = slots.of(to) {
-            let _ = self.group(to).send(Cmd::Control { slot, link, peer_id, msg, credit: Some(credit) });
+            let _ = self.group(to).send(Cmd::Control { slot, link, msg, credit: Some(credit) });
         }
     }
 }
