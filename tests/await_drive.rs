@@ -297,6 +297,23 @@ async fn rounds_on(
     }
 }
 
+/// A future joined with a loop that counts its ops up to `total` in `done`, polled as often as
+/// it is let: it resolves once the count is in, to the most ops the loop ran between two of
+/// its polls.
+fn beside(done: &std::cell::Cell<u64>, total: u64) -> impl std::future::Future<Output = u64> + '_ {
+    let (mut seen, mut most) = (0, 0);
+    std::future::poll_fn(move |cx| {
+        let now = done.get();
+        most = most.max(now - seen);
+        seen = now;
+        if now == total {
+            return std::task::Poll::Ready(most);
+        }
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+}
+
 #[test]
 fn a_run_of_spun_outcomes_yields_to_what_it_is_joined_with() {
     // Each awaited write spins to its outcome on the lent reactor, so a loop of them need never
@@ -320,18 +337,7 @@ fn a_run_of_spun_outcomes_yields_to_what_it_is_joined_with() {
                     written.set(n);
                 }
             };
-            let (mut seen, mut most) = (0, 0);
-            let beside = std::future::poll_fn(|cx| {
-                let now = written.get();
-                most = most.max(now - seen);
-                seen = now;
-                if now == WRITES {
-                    return std::task::Poll::Ready(());
-                }
-                cx.waker().wake_by_ref();
-                std::task::Poll::Pending
-            });
-            a.block_on(futures::future::join(looping, beside));
+            let ((), most) = a.block_on(futures::future::join(looping, beside(&written, WRITES)));
             assert_eq!(target.as_slice()[..8], WRITES.to_le_bytes(), "{p}: the last write landed");
             assert!(most <= 200, "{p}: {most} writes in a row before the future beside them ran");
         });
@@ -353,8 +359,7 @@ fn a_run_of_sends_that_finish_as_posted_yields_to_what_it_is_joined_with() {
         with_tokio_entered(120, |tokio| {
             let (ab, ba) = tokio.block_on(pair(&a, &b));
             let sent = std::cell::Cell::new(0u64);
-            let (mut seen, mut most) = (0, 0);
-            let got = std::thread::scope(|s| {
+            let (got, most) = std::thread::scope(|s| {
                 let taker = s.spawn(|| {
                     b.block_on(async {
                         let (mut buf, mut sum) = (b.alloc(16).expect("alloc"), 0u64);
@@ -377,23 +382,9 @@ fn a_run_of_sends_that_finish_as_posted_yields_to_what_it_is_joined_with() {
                         sent.set(n);
                     }
                 };
-                let beside = std::future::poll_fn(|cx| {
-                    let now = sent.get();
-                    most = most.max(now - seen);
-                    seen = now;
-                    if now == SENDS {
-                        return std::task::Poll::Ready(());
-                    }
-                    cx.waker().wake_by_ref();
-                    std::task::Poll::Pending
-                });
-                let both = futures::future::join(looping, beside);
-                if on_tokio {
-                    tokio.block_on(both);
-                } else {
-                    a.block_on(both);
-                }
-                taker.join().expect("the peer took every message")
+                let both = futures::future::join(looping, beside(&sent, SENDS));
+                let ((), most) = if on_tokio { tokio.block_on(both) } else { a.block_on(both) };
+                (taker.join().expect("the peer took every message"), most)
             });
             assert_eq!(got, SENDS * (SENDS + 1) / 2, "{p}: every message arrived once");
             let on = if on_tokio { "tokio" } else { "block_on" };
